@@ -1,0 +1,200 @@
+"""The harness's contracts. Read this first.
+
+Data flows one way::
+
+    Suite (cases + sampling) --Runner(oracle)--> goldens/ --+
+                             --Runner(candidate)-----------+--> Comparators --> Verdicts --> Record
+
+* A :class:`Case` is a workload item: prompt *token ids* (never text, so tokenizers cannot drift).
+* A :class:`Runner` is any engine (vLLM, transformers, an HTTP server, a CLI). Oracle and candidate
+  are roles, not code paths: any runner can play either.
+* An :class:`Output` is what a runner produced for one case: generated ids plus per-position top-k
+  logprobs.
+* A :class:`Comparator` turns (oracle output, candidate output, case) into a :class:`Verdict`. It
+  never asserts and never prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+Status = Literal["pass", "fail", "error", "refused", "skip"]
+"""pass/fail: the comparator judged. error: the engine crashed, hung or answered garbage.
+refused: the engine refused the configuration (its reason is kept). skip: not judged."""
+
+STATUSES: tuple[Status, ...] = ("pass", "fail", "error", "refused", "skip")
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One workload item of a suite."""
+
+    id: str
+    """Stable id inside the suite, e.g. ``c03``; goldens and verdicts are keyed by it."""
+    prompt_ids: tuple[int, ...]
+    """The prompt as token ids: what every engine is fed."""
+    prompt_text: str = ""
+    """The text the ids were made from (for humans; engines never see it)."""
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Sampling parameters shared by oracle and candidate. Greedy only: parity needs determinism."""
+
+    max_tokens: int
+    logprobs: int = 5
+    """k: how many top logprobs to keep per generated position."""
+    temperature: float = 0.0
+    seed: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "logprobs": self.logprobs,
+            "temperature": self.temperature,
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Output:
+    """What one engine produced for one case.
+
+    Arrays are float32/int32 with one row per generated position; they are ``None`` when the engine
+    could not return logprobs (the record then says which comparators were impossible).
+    """
+
+    case_id: str
+    token_ids: tuple[int, ...]
+    text: str = ""
+    top_ids: np.ndarray | None = None
+    """[T, k] int32: the k most likely token ids at each generated position, best first."""
+    top_logprobs: np.ndarray | None = None
+    """[T, k] float32: their logprobs."""
+    chosen_logprobs: np.ndarray | None = None
+    """[T] float32: logprob of the token actually generated."""
+    finish_reason: str = ""
+    error: str | None = None
+    """Set when the engine failed on this case; the comparators then answer ``error``."""
+
+    @property
+    def has_logprobs(self) -> bool:
+        return self.top_ids is not None and self.top_logprobs is not None
+
+    def with_tokens(self, token_ids: Sequence[int]) -> Output:
+        """A copy with other generated ids (used by planted mutations and controls)."""
+        return Output(
+            case_id=self.case_id,
+            token_ids=tuple(int(t) for t in token_ids),
+            text=self.text,
+            top_ids=self.top_ids,
+            top_logprobs=self.top_logprobs,
+            chosen_logprobs=self.chosen_logprobs,
+            finish_reason=self.finish_reason,
+            error=self.error,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """Who produced an output: enough to say which engine, version and tree it was."""
+
+    name: str
+    """The runner spec as the user wrote it, e.g. ``hf`` or ``vllm``."""
+    engine: str
+    """The engine family: ``vllm``, ``transformers``, ..."""
+    version: str
+    sha: str | None = None
+    """The candidate engine's own git SHA, when it has one."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "engine": self.engine,
+            "version": self.version,
+            "sha": self.sha,
+            "settings": dict(self.settings),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EngineInfo:
+        return cls(d["name"], d["engine"], d["version"], d.get("sha"), d.get("settings", {}))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One comparator's judgement of one case."""
+
+    case_id: str
+    comparator: str
+    status: Status
+    summary: str
+    """One line, e.g. ``strict FAIL at token 17/32``."""
+    detail: str = ""
+    """The multi-line explanation a failing verdict prints (both sides, prefix, top-k, fix)."""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    """JSON-able facts the summary was computed from (positions, gaps, counts)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case_id": self.case_id,
+            "comparator": self.comparator,
+            "status": self.status,
+            "summary": self.summary,
+            "detail": self.detail,
+            "evidence": dict(self.evidence),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Verdict:
+        return cls(
+            d["case_id"], d["comparator"], d["status"], d["summary"], d.get("detail", ""),
+            d.get("evidence", {}),
+        )
+
+
+class EngineRefused(Exception):
+    """The engine refused the configuration (e.g. unsupported block size or KV dtype)."""
+
+
+class EngineFailed(Exception):
+    """The engine crashed or hung; ``log_tail`` keeps the end of its output."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """An engine that can replay a workload. Oracle or candidate: same contract.
+
+    ``start`` loads the model once (the expensive part); ``run`` batches every case of the suite into
+    that one engine; ``close`` frees it. ``start`` raises :class:`EngineRefused` or
+    :class:`EngineFailed`; ``run`` reports per-case failures in ``Output.error``.
+    """
+
+    name: str
+
+    def info(self) -> EngineInfo: ...
+
+    def start(self) -> None: ...
+
+    def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Comparator(Protocol):
+    """Judges a candidate output against the oracle's. Returns a verdict; never asserts or prints."""
+
+    key: str
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict: ...

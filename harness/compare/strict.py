@@ -1,0 +1,37 @@
+"""strict: the candidate's generated ids equal the oracle's, token for token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from harness.api import Case, Output, Verdict
+from harness.compare.explain import engine_error, explain_divergence
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ (a length mismatch counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True, slots=True)
+class Strict:
+    key = "strict"
+    decode: Callable[[Sequence[int]], str] | None = None
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
+        if (err := engine_error(self.key, oracle, candidate, case)) is not None:
+            return err
+        n = len(oracle.token_ids)
+        pos = first_divergence(oracle.token_ids, candidate.token_ids)
+        if pos is None:
+            return Verdict(case.id, self.key, "pass", f"strict pass: {n}/{n} tokens",
+                           evidence={"matched": n, "tokens": n})
+        return Verdict(
+            case.id, self.key, "fail", f"strict FAIL at token {pos}/{n}",
+            detail=explain_divergence(self.key, oracle, candidate, case, pos, self.decode),
+            evidence={"matched": pos, "tokens": n, "first_divergence": pos},
+        )

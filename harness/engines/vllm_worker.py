@@ -1,0 +1,113 @@
+"""Run one vLLM engine over a whole workload, in its own process.
+
+Standalone on purpose: it imports only the standard library and vLLM, so the same file runs under
+the pinned oracle's virtualenv or under any other vLLM release's (``vllm@<version>``). The harness
+talks to it through files:
+
+    python vllm_worker.py REQUEST.json RESULT.jsonl
+
+REQUEST.json: {"model", "engine": {LLM kwargs}, "sampling": {...}, "cases": [{"id", "prompt_ids"}]}
+RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one line per case
+{"kind": "case", "id", "token_ids", "text", "top_ids", "top_logprobs", "chosen_logprobs",
+"finish_reason"}. An engine start failure writes {"kind": "refused"|"error", "reason", ...} and exits 3.
+
+One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
+cores) dominates, generation of a suite takes well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+# Start-up failures whose message means "this configuration is not supported here", not a crash.
+REFUSAL_MARKERS = (
+    "No common block size",
+    "requires x86 with AVX-512",
+    "is not supported",
+    "not supported on",
+    "Unsupported",
+    "head_dim",
+    "head size",
+    "does not support",
+    "requires",
+)
+
+
+def _classify(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return "refused" if isinstance(exc, (ValueError, NotImplementedError)) and any(
+        m in text for m in REFUSAL_MARKERS) else "error"
+
+
+def _write(fh, obj: dict) -> None:
+    fh.write(json.dumps(obj, sort_keys=True) + "\n")
+    fh.flush()
+
+
+def _logprob_rows(step: dict, chosen: int, k: int) -> tuple[list[int], list[float], float]:
+    """Top-k (ids, logprobs) of one position, best first, and the chosen token's logprob."""
+    items = sorted(((tid, lp.logprob) for tid, lp in step.items()), key=lambda x: (-x[1], x[0]))
+    chosen_lp = step[chosen].logprob if chosen in step else float("nan")
+    top = items[:k] if k > 0 else items
+    return [int(t) for t, _ in top], [float(v) for _, v in top], float(chosen_lp)
+
+
+def main(request_path: str, result_path: str) -> int:
+    with open(request_path) as f:
+        req = json.load(f)
+    with open(result_path, "w") as out:
+        t0 = time.perf_counter()
+        try:
+            import vllm
+            from vllm import LLM, SamplingParams
+
+            llm = LLM(model=req["model"], **req.get("engine", {}))
+        except BaseException as e:  # noqa: BLE001 - any start failure becomes a verdict
+            _write(out, {"kind": _classify(e), "reason": f"{type(e).__name__}: {e}",
+                         "traceback": traceback.format_exc()[-4000:]})
+            return 3
+        t_start = time.perf_counter() - t0
+        s = req["sampling"]
+        k = int(s.get("logprobs", 5))
+        params = SamplingParams(
+            temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k != 0 else None,
+            seed=int(s.get("seed", 0)), **req.get("sampling_extra", {}))
+        prompts = [{"prompt_token_ids": c["prompt_ids"]} for c in req["cases"]]
+        t1 = time.perf_counter()
+        results = llm.generate(prompts, params, use_tqdm=False)
+        t_gen = time.perf_counter() - t1
+        n_out = sum(len(r.outputs[0].token_ids) for r in results)
+        cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
+        _write(out, {
+            "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
+            "timings": {"engine_start_s": t_start, "generate_s": t_gen},
+            "output_tokens": n_out,
+            "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
+            "block_size": getattr(cache, "block_size", None),
+        })
+        for case, r in zip(req["cases"], results):
+            o = r.outputs[0]
+            ids = [int(t) for t in o.token_ids]
+            top_ids, top_lps, chosen = [], [], []
+            for tid, step in zip(ids, o.logprobs or []):
+                ti, tl, c = _logprob_rows(step, tid, k)
+                top_ids.append(ti)
+                top_lps.append(tl)
+                chosen.append(c)
+            _write(out, {
+                "kind": "case", "id": case["id"], "token_ids": ids, "text": o.text,
+                "top_ids": top_ids if o.logprobs else None,
+                "top_logprobs": top_lps if o.logprobs else None,
+                "chosen_logprobs": chosen if o.logprobs else None,
+                "finish_reason": o.finish_reason or "",
+                "num_cached_tokens": getattr(r, "num_cached_tokens", None),
+            })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,83 @@
+"""Engines: one module per engine, one :class:`~harness.api.Runner` contract, one registry.
+
+A candidate spec is ``NAME``, ``NAME:OPTIONS`` or ``NAME:ARGUMENT``:
+
+* ``hf`` / ``hf:device=cuda,dtype=bfloat16``  transformers
+* ``vllm`` / ``vllm:dtype=bfloat16``           the pinned vLLM (the oracle's own engine)
+
+A new engine registers a factory in :data:`RUNNERS`; nothing else changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.api import EngineRefused, Runner
+from harness.models import ModelRef
+from harness.registry import unknown
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerContext:
+    """What a factory may need beyond the spec: where the run may write scratch files."""
+
+    run_dir: Path | None = None
+
+
+Factory = Callable[[str, str | None, ModelRef, RunnerContext], Runner]
+
+
+def parse_options(arg: str | None, spec: str) -> dict[str, str]:
+    """``a=1,b=x`` -> {"a": "1", "b": "x"}; anything else is a clear error naming the spec."""
+    if not arg:
+        return {}
+    out = {}
+    for part in arg.split(","):
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise EngineRefused(f"candidate {spec!r}: option {part!r} is not KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _hf(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
+    from harness.engines.hf import HFRunner
+
+    return HFRunner(model, parse_options(arg, spec), name=spec)
+
+
+def _vllm(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
+    from harness.engines.vllm import VLLMRunner
+
+    return VLLMRunner(model, parse_options(arg, spec), name=spec, run_dir=ctx.run_dir)
+
+
+RUNNERS: dict[str, Factory] = {"hf": _hf, "vllm": _vllm}
+"""Engine name -> factory(spec, argument, model, context)."""
+
+DESCRIPTIONS: dict[str, str] = {
+    "hf": "Hugging Face transformers (hf:device=cuda,dtype=bfloat16)",
+    "vllm": "the pinned vLLM as a candidate (vllm:dtype=bfloat16)",
+}
+
+
+def split_spec(spec: str) -> tuple[str, str | None]:
+    name, sep, arg = spec.partition(":")
+    return name, (arg if sep else None)
+
+
+def make_runner(spec: str, model: ModelRef, ctx: RunnerContext | None = None) -> Runner:
+    """The runner for a candidate spec; an unknown name lists the valid ones."""
+    name, arg = split_spec(spec)
+    key = name.split("@", 1)[0] + ("@" if "@" in name else "")
+    factory = RUNNERS.get(name) or RUNNERS.get(key)
+    if factory is None:
+        raise unknown("candidate", name, RUNNERS)
+    return factory(spec, arg, model, ctx or RunnerContext())
+
+
+def describe() -> Mapping[str, Any]:
+    return dict(DESCRIPTIONS)

@@ -23,6 +23,11 @@ import sys
 import time
 import traceback
 
+# Run as a script, this file's folder heads sys.path, and its sibling vllm.py would shadow the real
+# vLLM package: drop it.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
 # Start-up failures whose message means "this configuration is not supported here", not a crash.
 REFUSAL_MARKERS = (
     "No common block size",

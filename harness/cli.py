@@ -1,0 +1,122 @@
+"""The ``harness`` command. The Makefile calls it; every subcommand is documented in README.md.
+
+Exit codes: 0 pass, 1 the gate failed (fail/error/refused/vacuous), 2 bad input (unknown model,
+suite or candidate; malformed suite; missing or stale goldens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from harness.goldens import GoldenError
+from harness.records import RecordError
+from harness.registry import UnknownName
+from harness.suites import SuiteError
+from harness.workspace import Workspace
+
+BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError)
+
+console = Console()
+err = Console(stderr=True)
+
+Command = Callable[[argparse.Namespace, Workspace], int]
+COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
+
+
+def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None]):  # noqa: A002
+    """Register a subcommand: ``@command("gate", "...", add_args)``."""
+    def deco(fn: Command) -> Command:
+        COMMANDS[name] = (fn, args, help)
+        return fn
+    return deco
+
+
+def _model_suite(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--suite", default="smoke")
+
+
+def _gate_args(p: argparse.ArgumentParser) -> None:
+    _model_suite(p)
+    p.add_argument("--candidate", default="hf", help="engine spec: hf, vllm, hf:dtype=bfloat16, ...")
+    p.add_argument("--no-record-goldens", action="store_true",
+                   help="fail instead of recording goldens with the oracle when none exist")
+
+
+@command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
+def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.gate import run_gate
+    from harness.report import print_record
+
+    res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens)
+    print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
+                 else str(res.path), console)
+    return 0 if res.record.outcome == "pass" else 1
+
+
+@command("record", "(re-)record goldens with the pinned vLLM oracle", _model_suite)
+def cmd_record(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.gate import record_goldens
+    from harness.models import resolve_model
+    from harness.suites import find_suite
+
+    model, suite = resolve_model(a.model, ws), find_suite(ws.suites, a.suite)
+    g = record_goldens(ws, model, suite)
+    t = g.manifest["timings"]
+    console.print(f"recorded {len(g.cases)} cases of {suite.name} v{suite.version} for {model.name} "
+                  f"with {g.manifest['oracle']['pin']} in {t['record_wall_s']:.1f} s "
+                  f"(engine start {t['engine_start_s']:.1f} s) -> {g.folder}")
+    return 0
+
+
+def _show_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("record", type=Path, help="a record file under reports/records/")
+
+
+@command("show", "print a record as a table", _show_args)
+def cmd_show(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.records import load_record
+    from harness.report import print_record
+
+    print_record(load_record(a.record), str(a.record), console)
+    return 0
+
+
+@command("list", "list models, suites and candidate engines", lambda p: None)
+def cmd_list(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.engines import describe
+    from harness.models import builtin_models
+    from harness.suites import suite_names
+
+    console.print("models    : " + ", ".join(builtin_models(ws)) + " (or a local checkpoint / hub id)")
+    console.print("suites    : " + ", ".join(suite_names(ws.suites)))
+    for name, text in describe().items():
+        console.print(f"candidate : {name:10s} {text}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="harness", description="parity gates against a pinned vLLM")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, (_, add_args, help_) in COMMANDS.items():
+        add_args(sub.add_parser(name, help=help_))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    fn = COMMANDS[a.cmd][0]
+    try:
+        return fn(a, Workspace.default())
+    except BAD_INPUT as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""nmse: normalised mean squared error of tensors, ``sum((x - ref)^2) / sum(ref^2)``.
+
+The cross-device bar of a C++ vLLM port is NMSE <= 5e-4. It is scale invariant (both tensors times
+c give the same NMSE), so one bar serves logprob vectors, logits and hidden states. Measured with
+transformers: CUDA fp32 vs CPU fp32 on a random tiny Llama gives ~1e-13 over logprobs; CUDA bf16
+gives 3-6e-5 while greedy diverges twice in 24 tokens: exactly where strict fails and NMSE passes.
+
+As a comparator it judges full-vocabulary logprob vectors (top-k rows are not a tensor: ``skip``).
+:func:`compare_tensors` judges any named tensors (logits, per-layer hidden states) the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.api import Case, Output, Verdict
+from harness.compare.aligned import AlignError, align, by_id, is_full_vocab, renormalise
+from harness.compare.explain import RERECORD_HINT, engine_error
+from harness.compare.kl import RUN, json_number
+
+DEFAULT_MAX_NMSE = 5e-4
+
+
+def nmse(ref: np.ndarray, x: np.ndarray) -> float:
+    """NMSE of ``x`` against ``ref`` over all elements; 0 when both are all zeros."""
+    ref = np.asarray(ref, np.float64)
+    x = np.asarray(x, np.float64)
+    if ref.shape != x.shape:
+        raise ValueError(f"nmse: shapes differ: reference {ref.shape}, other {x.shape}")
+    den = float((ref**2).sum())
+    num = float(((x - ref) ** 2).sum())
+    if den == 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
+
+
+def nmse_rows(ref: np.ndarray, x: np.ndarray) -> tuple[float, np.ndarray]:
+    """(NMSE over everything, NMSE of each leading-axis row) for ``[n, ...]`` tensors."""
+    ref = np.asarray(ref, np.float64).reshape(len(ref), -1)
+    x = np.asarray(x, np.float64).reshape(len(x), -1)
+    if ref.shape != x.shape:
+        raise ValueError(f"nmse: shapes differ: reference {ref.shape}, other {x.shape}")
+    num = ((x - ref) ** 2).sum(axis=1)
+    den = (ref**2).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
+    total = float(num.sum() / den.sum()) if den.sum() > 0 else (0.0 if num.sum() == 0 else float("inf"))
+    return total, per
+
+
+@dataclass(frozen=True, slots=True)
+class TensorNMSE:
+    """One named tensor's NMSE, and its worst row (position)."""
+
+    name: str
+    nmse: float
+    worst_position: int
+    worst_nmse: float
+    positions: int
+    shape: tuple[int, ...]
+    passed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "nmse": json_number(self.nmse), "worst_position": self.worst_position,
+                "worst_nmse": json_number(self.worst_nmse), "positions": self.positions,
+                "shape": list(self.shape), "passed": self.passed}
+
+
+def compare_tensors(ref: Mapping[str, np.ndarray], other: Mapping[str, np.ndarray],
+                    max_nmse: float = DEFAULT_MAX_NMSE) -> list[TensorNMSE]:
+    """NMSE of every tensor both sides hold (``[positions, ...]`` each), in ``ref``'s order."""
+    out = []
+    for name, r in ref.items():
+        if name not in other:
+            continue
+        total, per = nmse_rows(r, other[name])
+        worst = int(per.argmax()) if per.size else -1
+        out.append(TensorNMSE(name, total, worst, float(per[worst]) if per.size else float("nan"),
+                              int(per.size), tuple(np.shape(r)), bool(total <= max_nmse)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class NMSE:
+    """Judges the candidate's full-vocab logprob vectors: NMSE per case <= ``max_nmse``."""
+
+    key = "nmse"
+    needs_scores = True
+    max_nmse: float = DEFAULT_MAX_NMSE
+    decode: Callable[[Sequence[int]], str] | None = None
+
+    def measure(self, oracle: Output, candidate: Output, case: Case
+                ) -> tuple[int, str, np.ndarray, np.ndarray] | Verdict:
+        """(tokens, alignment, oracle rows, candidate rows) as [n, V] logprobs ordered by id."""
+        if (err := engine_error(self.key, oracle, candidate, case)) is not None:
+            return err
+        try:
+            a = align(oracle, candidate, case.id)
+        except AlignError as e:
+            return Verdict(case.id, self.key, "error", str(e)[:160], detail=str(e))
+        if not is_full_vocab(a.o_ids, a.o_lp, a.c_ids, a.c_lp):
+            return Verdict(case.id, self.key, "skip",
+                           f"NMSE needs full-vocab logprobs; the sides hold top-{a.k[0]} / top-{a.k[1]}",
+                           evidence={"k": list(a.k)})
+        return (a.tokens, a.alignment, renormalise(by_id(a.o_ids, a.o_lp)),
+                renormalise(by_id(a.c_ids, a.c_lp)))
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
+        m = self.measure(oracle, candidate, case)
+        if isinstance(m, Verdict):
+            return m
+        tokens, alignment, ref, x = m
+        return self._verdict(case.id, [(case.id, ref, x)], alignment)
+
+    def compare_run(self, oracles: Sequence[Output], candidates: Sequence[Output],
+                    cases: Sequence[Case]) -> Verdict:
+        measured = [(case.id, self.measure(o, c, case)) for o, c, case in zip(oracles, candidates, cases)]
+        ok = [(cid, m) for cid, m in measured if not isinstance(m, Verdict)]
+        if not ok:
+            first = next((m for _, m in measured if isinstance(m, Verdict)), None)
+            return Verdict(RUN, self.key, first.status if first else "skip",
+                           first.summary if first else "no cases")
+        aligns = sorted({m[1] for _, m in ok})  # type: ignore[index]
+        return self._verdict(RUN, [(cid, m[2], m[3]) for cid, m in ok],  # type: ignore[index]
+                             aligns[0] if len(aligns) == 1 else "mixed")
+
+    def _verdict(self, case_id: str, parts: Sequence[tuple[str, np.ndarray, np.ndarray]],
+                 alignment: str) -> Verdict:
+        num = den = 0.0
+        worst = ("", -1, -1.0)
+        for cid, ref, x in parts:
+            _, per = nmse_rows(ref, x)
+            num += float(((x - ref) ** 2).sum())
+            den += float((ref**2).sum())
+            if per.size and per.max() > worst[2]:
+                worst = (cid, int(per.argmax()), float(per.max()))
+        total = num / den if den > 0 else (0.0 if num == 0 else float("inf"))
+        n = sum(len(r) for _, r, _ in parts)
+        ev = {"nmse": json_number(total), "positions": n, "worst_case": worst[0],
+              "worst_position": worst[1], "worst_nmse": json_number(worst[2]), "alignment": alignment,
+              "mode": "full-vocab", "max_nmse": self.max_nmse}
+        head = f"NMSE {total:.3g} over {n} pos, worst {worst[0]}@{worst[1]} {worst[2]:.3g}"
+        if n == 0:
+            return Verdict(case_id, self.key, "skip", "no comparable positions", evidence=ev)
+        if total <= self.max_nmse:
+            return Verdict(case_id, self.key, "pass", f"nmse pass: {head} (bar {self.max_nmse:.3g})",
+                           evidence=ev)
+        detail = "\n".join([
+            f"{case_id}: nmse FAIL — NMSE {total:.4g} > bar {self.max_nmse:.4g} (full-vocab logprobs, "
+            f"{alignment}, {n} positions)",
+            f"  worst      : {worst[0]} position {worst[1]}: NMSE {worst[2]:.4g}",
+            f"  {RERECORD_HINT}"])
+        return Verdict(case_id, self.key, "fail", f"nmse FAIL: {total:.3g} > {self.max_nmse:.3g}",
+                       detail=detail, evidence=ev)

@@ -1,0 +1,91 @@
+"""``hf``: Hugging Face transformers, greedy, one case at a time (no padding, so no padding noise).
+
+Options (``hf:device=cuda,dtype=bfloat16``): ``device`` (cpu default), ``dtype`` (float32 default).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.models import ModelRef
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class HFRunner:
+    def __init__(self, model: ModelRef, options: Mapping[str, str], name: str = "hf") -> None:
+        self.name = name
+        self.model = model
+        self.device = options.get("device", "cpu")
+        self.dtype = options.get("dtype", "float32")
+        unknown = set(options) - {"device", "dtype"}
+        if unknown:
+            raise EngineRefused(f"hf: unknown option(s) {', '.join(sorted(unknown))}; valid: device, dtype")
+        if self.dtype not in DTYPES:
+            raise EngineRefused(f"hf: dtype {self.dtype!r} not one of {', '.join(DTYPES)}")
+        self.timings: dict[str, float] = {}
+        self._lm: Any = None
+
+    def info(self) -> EngineInfo:
+        import transformers
+
+        return EngineInfo(self.name, "transformers", transformers.__version__,
+                          settings={"device": self.device, "dtype": self.dtype})
+
+    def start(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        t0 = time.perf_counter()
+        try:
+            self._lm = AutoModelForCausalLM.from_pretrained(
+                self.model.path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
+        except (OSError, ValueError, RuntimeError) as e:
+            raise EngineFailed(f"transformers could not load {self.model.path}: {e}") from None
+        self.timings["engine_start_s"] = time.perf_counter() - t0
+
+    def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
+        import torch
+
+        assert self._lm is not None, "start() first"
+        outs, n_tokens = [], 0
+        t0 = time.perf_counter()
+        for case in cases:
+            try:
+                outs.append(self._one(case, sampling, torch))
+                n_tokens += len(outs[-1].token_ids)
+            except RuntimeError as e:
+                outs.append(Output(case.id, (), error=f"transformers failed: {e}"))
+        self.timings["generate_s"] = time.perf_counter() - t0
+        self.timings["output_tokens"] = n_tokens
+        return outs
+
+    def _one(self, case: Case, sampling: Sampling, torch: Any) -> Output:
+        ids = torch.tensor([list(case.prompt_ids)], device=self.device)
+        with torch.inference_mode():
+            g = self._lm.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=sampling.max_tokens,
+                do_sample=False, output_logits=True, return_dict_in_generate=True)
+        gen = g.sequences[0, ids.shape[1]:].tolist()
+        logits = torch.stack(g.logits, dim=1)[0].float()  # [T, V], raw (unprocessed) logits
+        lp = torch.log_softmax(logits, dim=-1)
+        k = max(sampling.logprobs, 1)
+        top = lp.topk(k, dim=-1)
+        chosen = lp.gather(1, torch.tensor(gen, device=lp.device)[:, None])[:, 0]
+        tok = self._lm.generation_config
+        eos = tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]
+        finish = "stop" if gen and gen[-1] in eos else "length"
+        return Output(
+            case.id, tuple(int(t) for t in gen), self.model.decode(gen),
+            top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32),
+            chosen.cpu().numpy().astype(np.float32), finish)
+
+    def close(self) -> None:
+        self._lm = None

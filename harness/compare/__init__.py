@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.api import Comparator
+from harness.compare.distributions import drift, kl, nmse
 from harness.compare.near_tie import NearTie
 from harness.compare.strict import Strict
 from harness.registry import unknown
@@ -16,6 +17,9 @@ Factory = Callable[[Mapping[str, Any], "Decode | None"], Comparator]
 COMPARATORS: dict[str, Factory] = {
     "strict": lambda p, d: Strict(decode=d),
     "near_tie": lambda p, d: NearTie(threshold_nats=float(p.get("threshold_nats", 0.5)), decode=d),
+    "kl": kl,
+    "drift": drift,
+    "nmse": nmse,
 }
 
 

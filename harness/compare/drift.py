@@ -9,6 +9,7 @@ standard error takes positions as independent, so read it as a floor.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +107,9 @@ def drift_profile(kl: Sequence[np.ndarray], same_top: Sequence[np.ndarray],
         edges = [*edges, n_pos]
     buckets = []
     which = np.searchsorted(np.asarray(edges), pos, side="right") - 1
-    for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+    for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
+        if lo >= n_pos:
+            break  # no run reaches this far
         sel = which == i
         m = int(sel.sum())
         buckets.append(Bucket(lo, hi, m, float(y[sel].mean()) if m else float("nan"),
@@ -146,7 +149,7 @@ class Drift:
     def compare_run(self, oracles: Sequence[Output], candidates: Sequence[Output],
                     cases: Sequence[Case]) -> Verdict:
         kl = self._kl()
-        measured = [kl.measure(o, c, case) for o, c, case in zip(oracles, candidates, cases)]
+        measured = [kl.measure(o, c, case) for o, c, case in zip(oracles, candidates, cases, strict=True)]
         ok = [m for m in measured if not isinstance(m, Verdict)]
         if not ok:
             return Verdict(RUN, self.key, "error", "no case could be measured")

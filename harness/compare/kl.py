@@ -19,9 +19,18 @@ from typing import Any, Literal
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.aligned import (AlignError, Aligned, Mode, align, by_id, is_full_vocab, lookup,
-                                     renormalise)
+from harness.compare.aligned import (
+    Aligned,
+    AlignError,
+    Mode,
+    align,
+    by_id,
+    is_full_vocab,
+    lookup,
+    renormalise,
+)
 from harness.compare.explain import RERECORD_HINT, engine_error
+
 
 def json_number(x: Any) -> Any:
     """NaN/inf -> None, so records stay standard JSON."""
@@ -72,7 +81,11 @@ def kl_full(o_ids: np.ndarray, o_lp: np.ndarray, c_ids: np.ndarray, c_lp: np.nda
 
 
 def top_token(ids: np.ndarray, lp: np.ndarray) -> np.ndarray:
-    return ids[np.arange(len(ids)), lp.argmax(axis=1)] if len(ids) else np.empty(0, np.int64)
+    """The most likely id of each row; exact ties go to the lowest id, the same on both sides."""
+    if not len(ids):
+        return np.empty(0, np.int64)
+    best = lp == lp.max(axis=1, keepdims=True)
+    return np.where(best, ids, np.iinfo(np.int64).max).min(axis=1)
 
 
 def choose_mode(a: Aligned, wish: ModeWish) -> Mode:
@@ -215,7 +228,7 @@ class KL:
     def compare_run(self, oracles: Sequence[Output], candidates: Sequence[Output],
                     cases: Sequence[Case]) -> Verdict:
         """One verdict over the pooled positions of every case that could be measured."""
-        measured = [self.measure(o, c, case) for o, c, case in zip(oracles, candidates, cases)]
+        measured = [self.measure(o, c, case) for o, c, case in zip(oracles, candidates, cases, strict=True)]
         ok = [m for m in measured if not isinstance(m, Verdict)]
         bad = [m for m in measured if isinstance(m, Verdict)]
         if not ok:

@@ -31,11 +31,12 @@ def nmse(ref: np.ndarray, x: np.ndarray) -> float:
     x = np.asarray(x, np.float64)
     if ref.shape != x.shape:
         raise ValueError(f"nmse: shapes differ: reference {ref.shape}, other {x.shape}")
-    den = float((ref**2).sum())
-    num = float(((x - ref) ** 2).sum())
+    den = (ref**2).sum()
+    num = ((x - ref) ** 2).sum()
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
-    return num / den
+    with np.errstate(over="ignore"):
+        return float(num / den)
 
 
 def nmse_rows(ref: np.ndarray, x: np.ndarray) -> tuple[float, np.ndarray]:
@@ -46,9 +47,9 @@ def nmse_rows(ref: np.ndarray, x: np.ndarray) -> tuple[float, np.ndarray]:
         raise ValueError(f"nmse: shapes differ: reference {ref.shape}, other {x.shape}")
     num = ((x - ref) ** 2).sum(axis=1)
     den = (ref**2).sum(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         per = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
-    total = float(num.sum() / den.sum()) if den.sum() > 0 else (0.0 if num.sum() == 0 else float("inf"))
+        total = float(num.sum() / den.sum()) if den.sum() > 0 else (0.0 if num.sum() == 0 else float("inf"))
     return total, per
 
 
@@ -118,7 +119,8 @@ class NMSE:
 
     def compare_run(self, oracles: Sequence[Output], candidates: Sequence[Output],
                     cases: Sequence[Case]) -> Verdict:
-        measured = [(case.id, self.measure(o, c, case)) for o, c, case in zip(oracles, candidates, cases)]
+        measured = [(case.id, self.measure(o, c, case))
+                    for o, c, case in zip(oracles, candidates, cases, strict=True)]
         ok = [(cid, m) for cid, m in measured if not isinstance(m, Verdict)]
         if not ok:
             first = next((m for _, m in measured if isinstance(m, Verdict)), None)

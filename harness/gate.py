@@ -13,10 +13,12 @@ from typing import Any
 
 from harness import compare
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Runner, Verdict
+from harness.controls import guard, suite_controls
 from harness.engines import RunnerContext, make_runner
 from harness.goldens import (Golden, GoldenError, golden_dir, read_golden, record_command, staleness,
                              write_golden)
 from harness.models import ModelRef, resolve_model
+from harness.models.arch import model_facts
 from harness.pin import OraclePin, oracle_pin
 from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
 from harness.records import Outcome, Record, new_record_id, write_record
@@ -190,18 +192,27 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     timings.update({f"oracle_{k}": float(v) for k, v in oracle_t.items()})
     gates = tuple(s.name for s in suite.comparators if s.gate)
 
+    # The vacuous-gate guard: planted mutations against these goldens must fail (see controls.py).
+    controls = suite_controls(suite, golden, model.decode)
+    outcome, vacuous = guard(outcome_of(verdicts, gates), controls, gates)
+    summary = summarize(suite, verdicts, golden.cases)
+    if outcome == "vacuous":
+        summary += " — VACUOUS: " + "; ".join(vacuous)
+
     sha = git_sha(ws.root)
     created = now_utc()
     record = Record(
         id=new_record_id(created, sha, candidate), kind="gate", created=created,
-        model={"name": model.name, "digest": model.digest},
+        model={"name": model.name, "digest": model.digest, **model_facts(model.path)},
         suite={"name": suite.name, "version": suite.version, "digest": suite.digest},
         oracle={"engine": golden.oracle.engine, "version": golden.oracle.version,
                 "pin": golden.manifest["oracle"].get("pin"), "golden_files": dict(golden.checksums),
-                "golden_created": golden.manifest.get("created")},
+                "golden_created": golden.manifest.get("created"),
+                "settings": dict(golden.oracle.settings)},
         candidate=runner.info(), harness={"sha": sha, "dirty": git_dirty(ws.root)},
-        outcome=outcome_of(verdicts, gates), summary=summarize(suite, verdicts, golden.cases),
-        verdicts=tuple(verdicts), gates=gates, timings=timings, platform=platform_facts(),
+        outcome=outcome, summary=summary,
+        verdicts=tuple(verdicts), gates=gates, timings=timings, controls=tuple(controls),
+        platform=platform_facts(),
         extra=extra)
     path = write_record(ws.records, record) if write else Path()
     return GateResult(record, path, golden)

@@ -1,0 +1,501 @@
+"""The vacuous-gate guard: planted mutations that prove a comparator can fail.
+
+A gate that passes says little unless it *could* have failed. Beside every comparator of a suite the
+gate plants mutations in memory, against the very goldens it judged, and checks the comparator's
+answer:
+
+* a **must-fail** mutation (a flipped decisive token, a swap beyond the near-tie bar, a distribution
+  perturbed above the KL/NMSE bar, a flipped byte of a KV page) must be judged ``fail``;
+* a **positive control** (a swap within the near-tie bar, an unperturbed copy) must be judged ``pass``;
+* a **golden check** looks for degenerate goldens a comparator cannot bite on: empty or constant
+  generations, missing logprobs, top-k logprobs that are not a distribution (an all-zero array),
+  all-zero top-1/top-2 gaps, a k smaller than the comparator needs.
+
+A must-fail mutation that passes, one that cannot be planted at all (nothing in the goldens to plant
+it on), or a fatal golden check makes a *gated* comparator **vacuous**: the record's outcome is
+``vacuous`` and the gate does not count as passed. A positive control that fails does not make the
+gate vacuous (it can still fail) but FEATURES.md shows the row as partial.
+
+Extension point: one :class:`ControlSet` per comparator key, in :data:`CONTROLS`. A new comparator
+registers its mutations with :func:`register`; a *gated* comparator with no registered set is
+``unguarded`` and therefore vacuous, so a new gate cannot pass silently without its controls::
+
+    register(ControlSet("my_cmp", needs=Needs(logprobs=True, min_k=2),
+                        mutations=(Mutation("shift logprobs", "fail", plant_shift),)))
+
+A mutation's ``plant(comparator, case, oracle)`` returns a :class:`Planted` pair to judge, or a
+string saying why nothing could be planted in that case.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from harness.api import Case, Output, Verdict
+from harness.records import Control, Outcome
+
+GOLDEN_CHECK = "golden:"
+"""Prefix of the ``mutation`` of a golden check (a control that plants nothing)."""
+UNGUARDED = "no controls registered"
+MARGIN_NATS = 1e-3
+"""A planted gap must clear the near-tie bar by this much, so float rounding cannot decide it."""
+OVER_BAR = 10.0
+"""Planted KL/NMSE perturbations are at least this many times the comparator's bar."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Planted:
+    """What a mutation made of one case: the pair the comparator is asked to judge."""
+
+    oracle: Output
+    """Usually the golden itself; a synthetic positive control may edit a copy."""
+    candidate: Output
+    note: str = ""
+
+
+Plant = Callable[[Any, Case, Output], "Planted | str"]
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    name: str
+    expect: Literal["fail", "pass"]
+    plant: Plant
+    """(comparator, case, oracle output) -> Planted, or why nothing could be planted in this case."""
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a comparator needs from the goldens to be able to fail."""
+
+    logprobs: bool = False
+    min_k: int = 0
+    full_vocab: bool = False
+    gaps: bool = False
+    """Needs top-1/top-2 logprob gaps that are not all zero (near-tie bars, KL)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSet:
+    key: str
+    """The comparator key (``Comparator.key``) these controls guard."""
+    mutations: tuple[Mutation, ...]
+    needs: Needs = field(default_factory=Needs)
+
+
+CONTROLS: dict[str, ControlSet] = {}
+"""Comparator key -> its controls. Filled by :func:`register` below and by other modules."""
+
+
+def register(cs: ControlSet) -> ControlSet:
+    CONTROLS[cs.key] = cs
+    return cs
+
+
+def vacuates(c: Control) -> bool:
+    """Whether control ``c`` shows its comparator could not have failed."""
+    return not c.ok and (c.expect == "fail" or c.mutation.startswith(GOLDEN_CHECK)
+                         or c.mutation == UNGUARDED)
+
+
+def vacuous_reasons(controls: Sequence[Control], comparators: Sequence[str]) -> list[str]:
+    """One line per control that makes one of ``comparators`` vacuous (empty: none does)."""
+    return [f"{c.comparator}: {c.mutation} expected {c.expect}, got {c.got}"
+            + (f" ({c.note})" if c.note else "")
+            for c in controls if c.comparator in comparators and vacuates(c)]
+
+
+def failed_positive(controls: Sequence[Control], comparators: Sequence[str]) -> list[str]:
+    return [f"{c.comparator}: positive control {c.mutation!r} got {c.got}"
+            for c in controls if c.comparator in comparators and not c.ok and not vacuates(c)]
+
+
+# ---------------------------------------------------------------------------------------------
+# running them
+
+
+def run_controls(comparator: Any, cases: Sequence[Case], oracles: Mapping[str, Output]) -> list[Control]:
+    """Every golden check and planted mutation registered for ``comparator.key``, over ``cases``."""
+    key = str(comparator.key)
+    cs = CONTROLS.get(key)
+    if cs is None:
+        return [Control(key, UNGUARDED, "fail", "unguarded", False,
+                        f"register a ControlSet for {key!r} in harness.controls")]
+    outs = [(c, oracles[c.id]) for c in cases if c.id in oracles]
+    controls = golden_checks(key, cs.needs, [o for _, o in outs])
+    for m in cs.mutations:
+        controls.append(_run_mutation(comparator, key, m, outs))
+    return controls
+
+
+def _short(ids: Sequence[str], n: int = 4) -> str:
+    return ", ".join(ids[:n]) + (f" +{len(ids) - n}" if len(ids) > n else "")
+
+
+def _run_mutation(comparator: Any, key: str, m: Mutation,
+                  outs: Sequence[tuple[Case, Output]]) -> Control:
+    got: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    notes: list[str] = []
+    for case, oracle in outs:
+        p = m.plant(comparator, case, oracle)
+        if isinstance(p, str):
+            skipped[case.id] = p
+            continue
+        v: Verdict = comparator.compare(p.oracle, p.candidate, case)
+        got[case.id] = v.status
+        if p.note and p.note not in notes:
+            notes.append(p.note)
+    if not got:
+        why = sorted(set(skipped.values()))
+        return Control(key, m.name, m.expect, "unplantable", False,
+                       "nothing to plant it on: " + "; ".join(why)[:300])
+    wrong = [cid for cid, s in got.items() if s != m.expect]
+    counts = Counter(got.values())
+    if wrong:
+        text = f"{got[wrong[0]]} {len(wrong)}/{len(got)} ({_short(wrong)})"
+    else:
+        text = f"{m.expect} {counts[m.expect]}/{len(got)}"
+    note = []
+    if skipped:
+        note.append(f"not plantable in {_short(sorted(skipped))}: {sorted(set(skipped.values()))[0]}")
+    note += notes[:2]
+    return Control(key, m.name, m.expect, text, not wrong, "; ".join(note)[:400])
+
+
+# ---------------------------------------------------------------------------------------------
+# golden checks
+
+
+def _rows(o: Output) -> tuple[np.ndarray, np.ndarray] | None:
+    if o.top_ids is None or o.top_logprobs is None:
+        return None
+    ids, lp = np.asarray(o.top_ids), np.asarray(o.top_logprobs, np.float64)
+    if ids.ndim != 2 or ids.shape != lp.shape:
+        return None
+    return ids, lp
+
+
+def golden_checks(key: str, needs: Needs, oracles: Sequence[Output]) -> list[Control]:
+    """Degenerate goldens ``key`` cannot bite on. ``ok`` is False only when it is fatal for the gate."""
+    out = []
+    n = len(oracles)
+    empty = [o.case_id for o in oracles if len(o.token_ids) == 0]
+    const = [o.case_id for o in oracles if len(o.token_ids) > 1 and len(set(o.token_ids)) == 1]
+    seqs = {o.token_ids for o in oracles}
+    fatal = []
+    if n == 0:
+        fatal.append("no golden outputs")
+    if n and len(empty) == n:
+        fatal.append("every generation is empty")
+    if n > 1 and len(const) == n:
+        fatal.append("every generation repeats one token")
+    if n > 1 and len(seqs) == 1:
+        fatal.append("every case generated the same tokens")
+    flags = []
+    if empty and len(empty) < n:
+        flags.append(f"empty in {_short(empty)}")
+    if const and len(const) < n:
+        flags.append(f"constant in {_short(const)}")
+    out.append(Control(key, GOLDEN_CHECK + " generations", "pass",
+                       "degenerate" if fatal else "ok", not fatal, "; ".join(fatal + flags)))
+
+    if not (needs.logprobs or needs.min_k or needs.full_vocab or needs.gaps):
+        return out
+    rows = {o.case_id: _rows(o) for o in oracles}
+    missing = [cid for cid, r in rows.items() if r is None]
+    have = {cid: r for cid, r in rows.items() if r is not None}
+    fatal, flags = [], []
+    if missing and not have:
+        fatal.append("no case has logprobs")
+    elif missing:
+        flags.append(f"no logprobs in {_short(missing)}")
+    ks = sorted({r[0].shape[1] for r in have.values()})
+    if have and needs.min_k and ks[0] < needs.min_k:
+        fatal.append(f"k={ks[0]}, {key} needs k >= {needs.min_k}")
+    if have:
+        mass = np.concatenate([np.exp(r[1]).sum(axis=1) for r in have.values()])
+        if mass.size and float(mass.max()) > 1.0 + 1e-3:
+            fatal.append(f"top-{ks[-1]} probabilities sum to {float(mass.max()):.3g} > 1: "
+                         "not a distribution (an all-zero logprob array?)")
+        elif needs.full_vocab and mass.size and float(np.abs(mass - 1).max()) > 1e-4:
+            fatal.append(f"{key} needs full-vocab logprobs; the goldens hold top-{ks[-1]} "
+                         f"(mass {float(mass.min()):.3g}..{float(mass.max()):.3g})")
+    if have and needs.gaps and ks[-1] >= 2:
+        gaps = np.concatenate([np.sort(r[1], axis=1)[:, -1] - np.sort(r[1], axis=1)[:, -2]
+                               for r in have.values() if r[1].shape[1] >= 2 and len(r[1])])
+        if gaps.size and not np.any(np.abs(gaps) > 0):
+            fatal.append("every top-1/top-2 logprob gap is zero")
+        elif gaps.size:
+            flags.append(f"gaps {float(gaps.min()):.3g}..{float(gaps.max()):.3g} nats")
+    out.append(Control(key, GOLDEN_CHECK + " logprobs", "pass", "degenerate" if fatal else "ok",
+                       not fatal, "; ".join(fatal + flags)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# token mutations (strict, near-tie)
+
+
+def _copy(o: Output, **kw: Any) -> Output:
+    d = dict(case_id=o.case_id, token_ids=o.token_ids, text=o.text, top_ids=o.top_ids,
+             top_logprobs=o.top_logprobs, chosen_logprobs=o.chosen_logprobs,
+             finish_reason=o.finish_reason, error=o.error)
+    d.update(kw)
+    return Output(**d)
+
+
+def _outside(row: np.ndarray | None, avoid: int) -> int:
+    """The smallest token id that is neither ``avoid`` nor in ``row`` (so: not in the oracle's top-k)."""
+    taken = {int(avoid)} | (set(int(x) for x in row) if row is not None else set())
+    t = 0
+    while t in taken:
+        t += 1
+    return t
+
+
+def _chosen(o: Output, ids: np.ndarray, lp: np.ndarray) -> np.ndarray:
+    """The oracle's logprob of its own token at each position (from chosen_logprobs, else top-k)."""
+    n = min(len(o.token_ids), len(ids))
+    if o.chosen_logprobs is not None:
+        return np.asarray(o.chosen_logprobs, np.float64)[:n]
+    tok = np.asarray(o.token_ids[:n])[:, None]
+    hit = ids[:n] == tok
+    return np.where(hit.any(axis=1), np.where(hit, lp[:n], -np.inf).max(axis=1), np.nan)
+
+
+def _decisive(o: Output) -> int:
+    """The position where the oracle was most sure of its token (largest top-1/top-2 gap)."""
+    r = _rows(o)
+    n = len(o.token_ids)
+    if r is None or r[1].shape[1] < 2 or len(r[1]) < n:
+        return n // 2
+    s = np.sort(r[1][:n], axis=1)
+    return int(np.argmax(s[:, -1] - s[:, -2]))
+
+
+def plant_decisive_flip(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if not oracle.token_ids:
+        return "the golden generation is empty"
+    t = _decisive(oracle)
+    r = _rows(oracle)
+    alt = _outside(r[0][t] if r is not None and t < len(r[0]) else None, oracle.token_ids[t])
+    toks = list(oracle.token_ids)
+    toks[t] = alt
+    return Planted(oracle, oracle.with_tokens(toks), f"flipped position {t} to id {alt}")
+
+
+def _swaps(comp: Any, oracle: Output) -> list[tuple[float, int, int]] | str:
+    """(gap, position, alternative id) of every top-k alternative to the oracle's token."""
+    if oracle.error is not None:
+        return "the golden has an error"
+    if not oracle.token_ids:
+        return "the golden generation is empty"
+    r = _rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    ids, lp = r
+    if ids.shape[1] < 2:
+        return f"k={ids.shape[1]}: no alternative token in the top-k"
+    chosen = _chosen(oracle, ids, lp)
+    out = []
+    for t in range(min(len(oracle.token_ids), len(ids), len(chosen))):
+        for j in range(ids.shape[1]):
+            alt = int(ids[t, j])
+            if alt != oracle.token_ids[t] and np.isfinite(chosen[t]) and np.isfinite(lp[t, j]):
+                out.append((float(chosen[t] - lp[t, j]), t, alt))
+    return out
+
+
+def _swap(oracle: Output, t: int, alt: int) -> Output:
+    toks = list(oracle.token_ids)
+    toks[t] = alt
+    return oracle.with_tokens(toks)
+
+
+def plant_beyond_bar(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    bar = float(comp.threshold_nats)
+    s = _swaps(comp, oracle)
+    if isinstance(s, str):
+        return s
+    beyond = [x for x in s if x[0] > bar + MARGIN_NATS]
+    if not beyond:
+        top = max((x[0] for x in s), default=float("nan"))
+        return (f"no top-k alternative is more than {bar:g} nats below the oracle's token "
+                f"(largest gap {top:.3g}: all-zero gaps?)")
+    gap, t, alt = min(beyond)  # the one closest to the bar tests the bar itself
+    return Planted(oracle, _swap(oracle, t, alt), f"smallest planted gap {gap:.3g} nats > bar {bar:g}")
+
+
+def plant_within_bar(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    bar = float(comp.threshold_nats)
+    s = _swaps(comp, oracle)
+    if isinstance(s, str):
+        return s
+    within = [x for x in s if 0.0 <= x[0] <= bar - MARGIN_NATS]
+    if within:
+        gap, t, alt = max(within)  # the one closest to the bar
+        return Planted(oracle, _swap(oracle, t, alt), "")
+    # No natural near-tie: make one in a copy of the oracle (rank 1 at half the bar).
+    ids, lp = _rows(oracle)  # type: ignore[misc]
+    t = 0
+    chosen = _chosen(oracle, ids, lp)
+    alt = int(ids[t, 1]) if int(ids[t, 1]) != oracle.token_ids[t] else int(ids[t, 0])
+    lp2 = np.array(oracle.top_logprobs, dtype=np.float32, copy=True)
+    j = int(np.nonzero(ids[t] == alt)[0][0])
+    lp2[t, j] = np.float32(chosen[t] - bar / 2)
+    synth = _copy(oracle, top_logprobs=lp2)
+    return Planted(synth, _swap(synth, t, alt), "synthetic tie (no natural one within the bar)")
+
+
+def plant_outside_topk(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if not oracle.token_ids:
+        return "the golden generation is empty"
+    r = _rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    t = _decisive(oracle)
+    return Planted(oracle, _swap(oracle, t, _outside(r[0][t], oracle.token_ids[t])), "")
+
+
+def plant_truncate(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if not oracle.token_ids:
+        return "the golden generation is empty"
+    return Planted(oracle, oracle.with_tokens(oracle.token_ids[:-1]), "")
+
+
+# ---------------------------------------------------------------------------------------------
+# distribution mutations (kl, nmse)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(axis=1, keepdims=True)))
+
+
+def reference_kl(o_lp: np.ndarray, c_lp: np.ndarray) -> np.ndarray:
+    """KL(p || q) per row over {the k shared ids} + {rest}, written independently of compare.kl."""
+    p, q = np.exp(o_lp), np.exp(c_lp)
+    p_rest = np.clip(1 - p.sum(axis=1), 0, 1)
+    q_rest = np.clip(1 - q.sum(axis=1), 1e-30, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rest = np.where(p_rest > 0, p_rest * np.log(np.maximum(p_rest, 1e-30) / q_rest), 0.0)
+    return (p * (o_lp - c_lp)).sum(axis=1) + rest
+
+
+def _full_vocab(lp: np.ndarray) -> bool:
+    return bool(lp.size) and bool(np.all(np.abs(np.exp(lp).sum(axis=1) - 1) < 1e-4))
+
+
+def _with_logprobs(oracle: Output, lp: np.ndarray) -> Output:
+    ids = np.asarray(oracle.top_ids)
+    tok = np.asarray(oracle.token_ids[: len(ids)])[:, None]
+    hit = ids[: len(tok)] == tok
+    chosen = np.where(hit, lp[: len(tok)], -np.inf).max(axis=1).astype(np.float32)
+    return _copy(oracle, top_logprobs=lp.astype(np.float32), chosen_logprobs=chosen)
+
+
+def plant_kl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """Lower the top-1 logprob at every position by d nats (renormalised when full-vocab)."""
+    r = _rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    if not oracle.token_ids or not len(r[1]):
+        return "the golden generation is empty"
+    ids, lp = r
+    n = min(len(oracle.token_ids), len(lp))
+    lp = lp[:n]
+    bar = float(comp.max_mean)
+    full = _full_vocab(lp)
+    top = lp.argmax(axis=1)
+    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+        c = lp.copy()
+        c[np.arange(n), top] -= d
+        if full:
+            c = _log_softmax(c)
+        kl = float(reference_kl(lp, c).mean())
+        if kl >= OVER_BAR * bar:
+            full_c = np.array(oracle.top_logprobs, np.float64, copy=True)
+            full_c[:n] = c
+            return Planted(oracle, _with_logprobs(oracle, full_c),
+                           f"top-1 lowered by {d:g} nats: reference mean KL {kl:.3g} >= "
+                           f"{OVER_BAR:g}x bar {bar:g}")
+    return f"no shift of the top-1 reaches {OVER_BAR:g}x the KL bar (the top token carries no mass?)"
+
+
+def reference_nmse(ref: np.ndarray, x: np.ndarray) -> float:
+    den = float((ref**2).sum())
+    return float(((x - ref) ** 2).sum()) / den if den else float("inf")
+
+
+def plant_nmse_noise(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    r = _rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    ids, lp = r
+    if not _full_vocab(lp):
+        return f"NMSE needs full-vocab logprobs; the goldens hold top-{ids.shape[1]}"
+    bar = float(comp.max_nmse)
+    noise = np.random.default_rng(0).standard_normal(lp.shape)
+    for s in (1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0):
+        c = _log_softmax(lp + s * noise)
+        v = reference_nmse(lp, c)
+        if v >= OVER_BAR * bar:
+            return Planted(oracle, _with_logprobs(oracle, c),
+                           f"noise {s:g}: reference NMSE {v:.3g} >= {OVER_BAR:g}x bar {bar:g}")
+    return f"no perturbation reaches {OVER_BAR:g}x the NMSE bar"
+
+
+def plant_identity(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if oracle.top_ids is None:
+        return "the golden has no logprobs"
+    return Planted(oracle, _copy(oracle), "")
+
+
+register(ControlSet("strict", needs=Needs(), mutations=(
+    Mutation("flip decisive token", "fail", plant_decisive_flip),
+    Mutation("drop last token", "fail", plant_truncate),
+)))
+register(ControlSet("near_tie", needs=Needs(logprobs=True, min_k=2, gaps=True), mutations=(
+    Mutation("swap beyond bar", "fail", plant_beyond_bar),
+    Mutation("token outside top-k", "fail", plant_outside_topk),
+    Mutation("swap within bar", "pass", plant_within_bar),
+)))
+register(ControlSet("kl", needs=Needs(logprobs=True, min_k=2), mutations=(
+    Mutation("perturb above bar", "fail", plant_kl_shift),
+    Mutation("unperturbed copy", "pass", plant_identity),
+)))
+register(ControlSet("nmse", needs=Needs(logprobs=True, full_vocab=True), mutations=(
+    Mutation("perturb above bar", "fail", plant_nmse_noise),
+    Mutation("unperturbed copy", "pass", plant_identity),
+)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the gate's entry points
+
+
+def suite_controls(suite: Any, golden: Any, decode: Callable[[Sequence[int]], str] | None = None
+                   ) -> list[Control]:
+    """The controls of every comparator of ``suite`` (a :class:`~harness.suites.Suite`) against
+    ``golden`` (a :class:`~harness.goldens.Golden`)."""
+    from harness import compare
+
+    out: list[Control] = []
+    for spec in suite.comparators:
+        comp = compare.build(spec.name, spec.params, decode)
+        out += run_controls(comp, golden.cases, golden.outputs)
+    return out
+
+
+def guard(outcome: Outcome, controls: Sequence[Control], gates: Sequence[str]
+          ) -> tuple[Outcome, list[str]]:
+    """(outcome, reasons): a passing outcome becomes ``vacuous`` when a gated comparator's control
+    shows it could not have failed. A failing gate stays failed: it did bite."""
+    why = vacuous_reasons(controls, gates)
+    return ("vacuous" if why and outcome == "pass" else outcome), why

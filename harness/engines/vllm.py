@@ -20,6 +20,7 @@ import numpy as np
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
 from harness.models import ModelRef
+from harness.teacher import scored_output
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
@@ -72,13 +73,30 @@ class VLLMRunner:
         """Nothing to do here: the child process starts the engine and runs the batch at once."""
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
+        return self._work(cases, sampling, None, 0)[0]
+
+    def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
+                      continuations: Mapping[str, Sequence[int]], k: int
+                      ) -> tuple[list[Output], list[Output]]:
+        """Generate, then score prompt + ``continuations`` (``prompt_logprobs``), in one engine start."""
+        return self._work(cases, sampling, continuations, k)
+
+    def _work(self, cases: Sequence[Case], sampling: Sampling,
+              continuations: Mapping[str, Sequence[int]] | None, k: int) -> tuple[list[Output], list[Output]]:
         work = Path(tempfile.mkdtemp(prefix="vllm-", dir=self.run_dir))
         req, res = work / "request.json", work / "result.jsonl"
         self.log_path = work / "engine.log"
+        engine = dict(self.settings)
+        if max(sampling.logprobs, k) > 20 and "max_logprobs" not in engine:
+            engine["max_logprobs"] = -1  # vLLM keeps at most 20 unless told otherwise
+        score = None if continuations is None else {"logprobs": k, "sequences": [
+            {"id": c.id, "prompt_ids": list(c.prompt_ids), "continuation_ids": list(continuations[c.id])}
+            for c in cases if c.id in continuations]}
         req.write_text(json.dumps({
-            "model": self.model.path, "engine": self.settings, "sampling": sampling.to_json(),
+            "model": self.model.path, "engine": engine, "sampling": sampling.to_json(),
             "sampling_extra": self.sampling_extra,
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
+            **({"score": score} if score else {}),
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         with self.log_path.open("w") as log:
@@ -98,7 +116,9 @@ class VLLMRunner:
             raise EngineFailed(reason, self._tail())
         self.meta = head
         self.timings = {**head["timings"], "output_tokens": head["output_tokens"]}
-        got = {d["id"]: d for d in lines[1:]}
+        got = {d["id"]: d for d in lines[1:] if d.get("kind", "case") == "case"}
+        scores = [scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"],
+                                d["chosen_logprobs"]) for d in lines[1:] if d.get("kind") == "score"]
         outs = []
         for c in cases:
             d = got.get(c.id)
@@ -113,7 +133,7 @@ class VLLMRunner:
                 np.asarray(d["top_logprobs"], np.float32).reshape(len(d["token_ids"]), -1) if arr else None,
                 np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
                 d.get("finish_reason", "")))
-        return outs
+        return outs, scores
 
     def _tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""

@@ -9,7 +9,10 @@ talks to it through files:
 REQUEST.json: {"model", "engine": {LLM kwargs}, "sampling": {...}, "cases": [{"id", "prompt_ids"}]}
 RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one line per case
 {"kind": "case", "id", "token_ids", "text", "top_ids", "top_logprobs", "chosen_logprobs",
-"finish_reason"}. An engine start failure writes {"kind": "refused"|"error", "reason", ...} and exits 3.
+"finish_reason"}. An optional "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
+"continuation_ids"}]} in the request adds one {"kind": "score", ...} line per sequence: the
+engine's logprobs at every position of the given continuation (teacher forcing).
+An engine start failure writes {"kind": "refused"|"error", "reason", ...} and exits 3.
 
 One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
 cores) dominates, generation of a suite takes well under a second.
@@ -61,6 +64,37 @@ def _logprob_rows(step: dict, chosen: int, k: int) -> tuple[list[int], list[floa
     return [int(t) for t, _ in top], [float(v) for _, v in top], float(chosen_lp)
 
 
+def _score(llm, sampling_params, score: dict | None, seed: int) -> tuple[list[dict], float]:
+    """Teacher forcing: the engine's logprobs at every position of prompt + given continuation.
+
+    One prefill per sequence with ``prompt_logprobs`` (vLLM skips its prefix cache for these), so
+    row t is the distribution the engine predicts continuation token t from. ``logprobs`` -1 keeps
+    the whole vocabulary (the engine needs ``max_logprobs=-1``).
+    """
+    if not score or not score.get("sequences"):
+        return [], 0.0
+    k = int(score.get("logprobs", 5))
+    seqs = score["sequences"]
+    params = sampling_params(temperature=0.0, max_tokens=1, prompt_logprobs=k if k > 0 else -1,
+                             detokenize=False, seed=seed)
+    t0 = time.perf_counter()
+    results = llm.generate([{"prompt_token_ids": q["prompt_ids"] + q["continuation_ids"]} for q in seqs],
+                           params, use_tqdm=False)
+    lines = []
+    for q, r in zip(seqs, results, strict=True):
+        start, cont = len(q["prompt_ids"]), [int(t) for t in q["continuation_ids"]]
+        rows = (r.prompt_logprobs or [])[start:start + len(cont)]
+        top_ids, top_lps, chosen = [], [], []
+        for tid, step in zip(cont, rows, strict=True):
+            ti, tl, c = _logprob_rows(step or {}, tid, k)
+            top_ids.append(ti)
+            top_lps.append(tl)
+            chosen.append(c)
+        lines.append({"kind": "score", "id": q["id"], "token_ids": cont, "top_ids": top_ids,
+                      "top_logprobs": top_lps, "chosen_logprobs": chosen})
+    return lines, time.perf_counter() - t0
+
+
 def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
@@ -83,16 +117,19 @@ def main(request_path: str, result_path: str) -> int:
             seed=int(s.get("seed", 0)), **req.get("sampling_extra", {}))
         prompts = [{"prompt_token_ids": c["prompt_ids"]} for c in req["cases"]]
         t1 = time.perf_counter()
-        results = llm.generate(prompts, params, use_tqdm=False)
+        results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
         t_gen = time.perf_counter() - t1
         n_out = sum(len(r.outputs[0].token_ids) for r in results)
+        scored, t_score = _score(llm, SamplingParams, req.get("score"), int(s.get("seed", 0)))
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
         _write(out, {
             "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
-            "timings": {"engine_start_s": t_start, "generate_s": t_gen},
+            "timings": {"engine_start_s": t_start, "generate_s": t_gen,
+                        **({"score_s": t_score} if scored else {})},
             "output_tokens": n_out,
             "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
             "block_size": getattr(cache, "block_size", None),
+            "cache_dtype": str(getattr(cache, "cache_dtype", "")),
         })
         for case, r in zip(req["cases"], results):
             o = r.outputs[0]
@@ -111,6 +148,8 @@ def main(request_path: str, result_path: str) -> int:
                 "finish_reason": o.finish_reason or "",
                 "num_cached_tokens": getattr(r, "num_cached_tokens", None),
             })
+        for line in scored:
+            _write(out, line)
     return 0
 
 

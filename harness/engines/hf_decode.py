@@ -1,0 +1,123 @@
+"""transformers, one token per step through a chosen KV cache: greedy decoding and teacher forcing.
+
+``hf:kv=quanto-int4`` (or ``quanto-int2``) runs transformers' quantized KV cache (optimum-quanto
+backend, per-channel groups, the most recent ``residual_length`` tokens kept in full precision):
+a real KV-cache quantisation on CPU. It needs stepping: in a single forward pass over a whole
+sequence the attention reads the unquantized keys and values and the quantisation never shows.
+
+The first use of ``quanto-int4`` builds optimum-quanto's C++ extension (about 90 s on 2 cores,
+once per environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from harness.api import EngineRefused
+
+KV_CHOICES = ("plain", "quanto-int4", "quanto-int2")
+
+
+def make_cache(kind: str, config: Any, residual_length: int = 128, q_group_size: int = 64) -> Any:
+    """A fresh KV cache of ``kind``; an impossible one is an :class:`EngineRefused` with the reason."""
+    from transformers import DynamicCache, QuantizedCache
+
+    if kind == "plain":
+        return DynamicCache(config=config)
+    if kind not in KV_CHOICES:
+        raise EngineRefused(f"hf: kv {kind!r} not one of {', '.join(KV_CHOICES)}")
+    backend, _, bits = kind.partition("-int")
+    try:
+        return QuantizedCache(backend, config, nbits=int(bits), residual_length=residual_length,
+                              q_group_size=q_group_size)
+    except (ImportError, ValueError) as e:
+        raise EngineRefused(f"hf: kv {kind!r} unavailable: {e}") from None
+
+
+def tensor_bytes(t: Any) -> int:
+    """Bytes a tensor really holds, looking inside quantized tensor subclasses (data, scales, shifts)."""
+    if t is None:
+        return 0
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is not None and type(t).__name__ != "Tensor":
+        names, _ = flatten()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return int(t.numel() * t.element_size())
+
+
+def kv_bytes(cache: Any) -> int:
+    """Bytes held by every layer of ``cache`` now: quantized storage plus the full-precision residual."""
+    total = 0
+    for layer in getattr(cache, "layers", ()):
+        for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
+            total += tensor_bytes(getattr(layer, name, None))
+    return total
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Decoded:
+    tokens: list[int]
+    top_ids: np.ndarray
+    """[T, k] int32, best first."""
+    top_logprobs: np.ndarray
+    """[T, k] float32."""
+    chosen: np.ndarray
+    """[T] float32: logprob of ``tokens[t]``."""
+    kv_bytes: int
+    """Bytes the cache held after the last step."""
+    cached_tokens: int
+
+
+def decode(lm: Any, prompt_ids: Sequence[int], steps: int, k: int, cache: Any,
+           forced: Sequence[int] | None = None, eos: Sequence[int] = ()) -> Decoded:
+    """Greedy decoding (``forced`` None) or teacher forcing of ``forced``, one token per step.
+
+    Row t is the distribution after prompt + tokens[:t]. ``k`` <= 0 or >= the vocabulary keeps
+    every logprob. Greedy decoding stops after an ``eos`` token, as ``generate`` does.
+    """
+    import torch
+
+    device = next(lm.parameters()).device
+    steps = len(forced) if forced is not None else steps
+    ids = torch.tensor([list(prompt_ids)], device=device)
+    rows_i, rows_l, chosen, tokens = [], [], [], []
+    with torch.inference_mode():
+        out = lm(ids, past_key_values=cache, use_cache=True)
+        for t in range(steps):
+            lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            kk = lp.shape[-1] if k <= 0 or k >= lp.shape[-1] else k
+            top = lp.topk(kk)
+            tok = int(forced[t]) if forced is not None else int(top.indices[0])
+            rows_i.append(top.indices.cpu().numpy())
+            rows_l.append(top.values.cpu().numpy())
+            chosen.append(float(lp[tok]))
+            tokens.append(tok)
+            if t + 1 == steps or (forced is None and tok in eos):
+                break
+            out = lm(torch.tensor([[tok]], device=device), past_key_values=cache, use_cache=True)
+    n = len(tokens)
+    return Decoded(tokens, np.asarray(rows_i, np.int32).reshape(n, -1),
+                   np.asarray(rows_l, np.float32).reshape(n, -1), np.asarray(chosen, np.float32),
+                   kv_bytes(cache), len(prompt_ids) + max(n - 1, 0))
+
+
+def score_forward(lm: Any, prompt_ids: Sequence[int], continuation: Sequence[int], k: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Teacher forcing in one forward pass (plain cache only): (top_ids, top_logprobs, chosen)."""
+    import torch
+
+    device = next(lm.parameters()).device
+    p, n = len(prompt_ids), len(continuation)
+    ids = torch.tensor([list(prompt_ids) + list(continuation)], device=device)
+    with torch.inference_mode():
+        logits = lm(ids).logits[0, p - 1:p - 1 + n].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    kk = lp.shape[-1] if k <= 0 or k >= lp.shape[-1] else k
+    top = lp.topk(kk, dim=-1)
+    chosen = lp.gather(1, torch.tensor(list(continuation), device=device)[:, None])[:, 0]
+    return (top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32),
+            chosen.cpu().numpy().astype(np.float32))

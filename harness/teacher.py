@@ -1,0 +1,73 @@
+"""Teacher forcing: the candidate scores the oracle's sequence, so positions stay aligned.
+
+Once greedy outputs diverge, the two engines continue from different prefixes and nothing after
+the divergence can be compared. A distribution comparator (KL, NMSE, drift) therefore asks the
+candidate for its next-token distribution at every position of *prompt + oracle continuation*.
+
+A runner that can do this implements :class:`Scorer`; the others are judged until their first
+divergence (their own outputs stand in for the scores) and every report says so.
+
+Scores must go through the path the candidate decodes with. vLLM scores with ``prompt_logprobs``
+(one prefill pass); transformers with a plain cache scores with one forward pass, and with a
+quantized KV cache one token per step, because a single forward pass attends to the unquantized
+keys and values and would hide exactly the error under test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from harness.api import Case, Output, Runner, Sampling
+
+How = Literal["teacher-forced", "until-first-divergence"]
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """A runner that can also score given sequences (teacher forcing), in the same engine start."""
+
+    def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
+                      continuations: Mapping[str, Sequence[int]], k: int
+                      ) -> tuple[list[Output], list[Output]]:
+        """Generate every case as :meth:`Runner.run` does, then score ``prompt + continuations[id]``.
+
+        A score is an :class:`Output` whose ``token_ids`` are the continuation and whose rows are
+        the engine's top-``k`` logprobs (all of them when ``k`` is the vocabulary size) before each
+        of its tokens; ``chosen_logprobs`` are the logprobs of the continuation's tokens.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Scored:
+    outputs: list[Output]
+    """What the candidate generated on its own (strict / near-tie judge these)."""
+    scores: list[Output]
+    """What the distribution comparators judge: teacher-forced scores, or ``outputs`` again."""
+    how: How
+
+
+def run_and_score(runner: Runner, cases: Sequence[Case], sampling: Sampling,
+                  oracle: Mapping[str, Output], k: int | None = None) -> Scored:
+    """Generate with ``runner`` and, when it can, score the oracle's continuation of every case."""
+    k = sampling.logprobs if k is None else k
+    if isinstance(runner, Scorer):
+        conts = {c.id: oracle[c.id].token_ids for c in cases if c.id in oracle}
+        outputs, scores = runner.run_and_score(cases, sampling, conts, k)
+        return Scored(outputs, scores, "teacher-forced")
+    outputs = runner.run(cases, sampling)
+    return Scored(outputs, outputs, "until-first-divergence")
+
+
+def scored_output(case_id: str, continuation: Sequence[int], top_ids: object, top_logprobs: object,
+                  chosen: object) -> Output:
+    """The :class:`Output` form of a score (engines build theirs with this)."""
+    import numpy as np
+
+    n = len(continuation)
+    return Output(case_id, tuple(int(t) for t in continuation),
+                  top_ids=np.asarray(top_ids, np.int32).reshape(n, -1),
+                  top_logprobs=np.asarray(top_logprobs, np.float32).reshape(n, -1),
+                  chosen_logprobs=np.asarray(chosen, np.float32).reshape(n), finish_reason="scored")

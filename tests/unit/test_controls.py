@@ -1,0 +1,300 @@
+"""The vacuous-gate guard: planted mutations must bite, and a comparator that cannot fail is VACUOUS."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from features_kit import make_git_workspace
+
+from harness import compare
+from harness.api import Case, EngineInfo, Output, Sampling, Verdict
+from harness.compare.kl import KL
+from harness.compare.near_tie import NearTie
+from harness.compare.nmse import NMSE
+from harness.compare.strict import Strict
+from harness.controls import (CONTROLS, GOLDEN_CHECK, UNGUARDED, ControlSet, Mutation, failed_positive,
+                              guard, plant_decisive_flip, register, run_controls, vacuous_reasons)
+from harness.features import generate
+from harness.gate import run_gate
+from harness.goldens import read_golden
+from harness.workspace import REPO_ROOT, Workspace
+
+
+def golden():  # noqa: ANN201
+    return read_golden(REPO_ROOT / "goldens" / "tiny-llama" / "smoke", model_name="tiny-llama",
+                       suite_name="smoke")
+
+
+def by(controls, mutation):  # noqa: ANN001, ANN201
+    return next(c for c in controls if c.mutation == mutation)
+
+
+@dataclass(frozen=True, slots=True)
+class AlwaysPass:
+    """A comparator that cannot fail: the bug the guard exists for."""
+
+    key = "always_pass"
+    threshold_nats: float = 0.5
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
+        return Verdict(case.id, self.key, "pass", "looks fine")
+
+
+@dataclass(frozen=True, slots=True)
+class TopKOnly(NearTie):
+    """A near-tie that forgets the gap: any top-k token passes (the all-zero-array bug, in code)."""
+
+    key = "near_tie"
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
+        return NearTie(threshold_nats=1e9).compare(oracle, candidate, case)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretlyStrict(NearTie):
+    """A near-tie that forgives nothing: the positive control catches it."""
+
+    key = "near_tie"
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
+        v = Strict().compare(oracle, candidate, case)
+        return Verdict(v.case_id, self.key, v.status, v.summary)
+
+
+@pytest.fixture
+def always_pass_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(compare.COMPARATORS, "always_pass", lambda p, d: AlwaysPass())
+    monkeypatch.setitem(CONTROLS, "always_pass", ControlSet(
+        "always_pass", (Mutation("flip decisive token", "fail", plant_decisive_flip),)))
+
+
+def test_real_strict_and_near_tie_bite_on_the_committed_goldens() -> None:
+    g = golden()
+    for comp in (Strict(), NearTie(threshold_nats=0.5)):
+        controls = run_controls(comp, g.cases, g.outputs)
+        assert controls and all(c.ok for c in controls), controls
+        assert vacuous_reasons(controls, [comp.key]) == []
+    nt = run_controls(NearTie(threshold_nats=0.5), g.cases, g.outputs)
+    assert by(nt, "swap beyond bar").got == "fail 8/8"
+    assert by(nt, "swap within bar").got == "pass 8/8"
+
+
+def test_a_comparator_that_always_passes_is_vacuous(always_pass_registered: None) -> None:
+    g = golden()
+    controls = run_controls(AlwaysPass(), g.cases, g.outputs)
+    flip = by(controls, "flip decisive token")
+    assert flip.expect == "fail" and flip.got.startswith("pass 8/8") and not flip.ok
+    outcome, why = guard("pass", controls, ["always_pass"])
+    assert outcome == "vacuous"
+    assert why and why[0].startswith("always_pass: flip decisive token expected fail, got pass")
+    # reported-only comparators do not make the gate vacuous; a failing gate stays failed
+    assert guard("pass", controls, ["near_tie"])[0] == "pass"
+    assert guard("fail", controls, ["always_pass"])[0] == "fail"
+
+
+def test_near_tie_that_ignores_the_gap_is_vacuous() -> None:
+    g = golden()
+    controls = run_controls(TopKOnly(threshold_nats=0.5), g.cases, g.outputs)
+    beyond = by(controls, "swap beyond bar")
+    assert not beyond.ok and beyond.got.startswith("pass")
+    assert guard("pass", controls, ["near_tie"])[0] == "vacuous"
+
+
+def test_near_tie_bar_above_every_gap_cannot_fail_and_is_vacuous() -> None:
+    g = golden()
+    controls = run_controls(NearTie(threshold_nats=50.0), g.cases, g.outputs)
+    beyond = by(controls, "swap beyond bar")
+    assert beyond.got == "unplantable" and "no top-k alternative is more than 50" in beyond.note
+    assert guard("pass", controls, ["near_tie"])[0] == "vacuous"
+
+
+def test_a_near_tie_that_forgives_nothing_fails_its_positive_control() -> None:
+    g = golden()
+    controls = run_controls(SecretlyStrict(threshold_nats=0.5), g.cases, g.outputs)
+    within = by(controls, "swap within bar")
+    assert within.expect == "pass" and not within.ok
+    assert guard("pass", controls, ["near_tie"])[0] == "pass"  # it can still fail: not vacuous
+    assert failed_positive(controls, ["near_tie"])
+
+
+def test_a_gated_comparator_without_controls_is_unguarded() -> None:
+    g = golden()
+    controls = run_controls(AlwaysPass(), g.cases, g.outputs)  # not registered here
+    assert [c.mutation for c in controls] == [UNGUARDED]
+    assert guard("pass", controls, ["always_pass"])[0] == "vacuous"
+
+
+def out(cid: str, tokens: Sequence[int], lp: np.ndarray | None, ids: np.ndarray | None = None) -> Output:
+    if lp is None:
+        return Output(cid, tuple(tokens))
+    ids = ids if ids is not None else np.tile(np.arange(lp.shape[1], dtype=np.int32), (len(tokens), 1))
+    return Output(cid, tuple(tokens), "", ids, lp.astype(np.float32), lp[:, 0].astype(np.float32))
+
+
+def cases(n: int) -> list[Case]:
+    return [Case(f"c{i}", (1, 2)) for i in range(n)]
+
+
+@pytest.mark.parametrize("what, outputs, needle", [
+    ("all-zero logprob array", [out(f"c{i}", [0, 0, 1], np.zeros((3, 5))) for i in range(2)],
+     "not a distribution"),
+    ("missing logprobs", [out(f"c{i}", [0, 1, 2], None) for i in range(2)], "no case has logprobs"),
+    ("k too small", [out(f"c{i}", [0, 1, 2], np.full((3, 1), -0.1)) for i in range(2)], "needs k >= 2"),
+    ("all-zero gaps", [out(f"c{i}", [0, 1, 2], np.full((3, 5), np.log(0.2))) for i in range(2)],
+     "gap is zero"),
+])
+def test_degenerate_goldens_make_near_tie_vacuous(what: str, outputs: list[Output], needle: str) -> None:
+    controls = run_controls(NearTie(threshold_nats=0.5), cases(2), {o.case_id: o for o in outputs})
+    check = by(controls, GOLDEN_CHECK + " logprobs")
+    assert not check.ok and needle in check.note, (what, check)
+    assert guard("pass", controls, ["near_tie"])[0] == "vacuous", what
+
+
+@pytest.mark.parametrize("tokens, needle", [
+    ([[], []], "every generation is empty"),
+    ([[7, 7, 7], [7, 7, 7, 7]], "every generation repeats one token"),
+    ([[1, 2, 3], [1, 2, 3]], "every case generated the same tokens"),
+])
+def test_degenerate_generations_make_strict_vacuous(tokens: list[list[int]], needle: str) -> None:
+    outputs = {f"c{i}": Output(f"c{i}", tuple(t)) for i, t in enumerate(tokens)}
+    controls = run_controls(Strict(), cases(2), outputs)
+    check = by(controls, GOLDEN_CHECK + " generations")
+    assert not check.ok and needle in check.note
+    assert guard("pass", controls, ["strict"])[0] == "vacuous"
+
+
+def test_one_constant_case_is_flagged_not_fatal() -> None:
+    outputs = {"c0": Output("c0", (7, 7, 7)), "c1": Output("c1", (1, 2, 3))}
+    check = by(run_controls(Strict(), cases(2), outputs), GOLDEN_CHECK + " generations")
+    assert check.ok and "constant in c0" in check.note
+
+
+def test_kl_controls_bite_and_a_kl_without_a_bar_is_vacuous() -> None:
+    g = golden()
+    good = run_controls(KL(max_mean=1e-3), g.cases, g.outputs)
+    assert all(c.ok for c in good), good
+    bad = run_controls(KL(max_mean=float("inf")), g.cases, g.outputs)
+    assert not by(bad, "perturb above bar").ok
+    assert guard("pass", bad, ["kl"])[0] == "vacuous"
+
+
+def full_vocab_output(cid: str, n: int = 6, v: int = 16, seed: int = 0) -> Output:
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((n, v)) * 2
+    lp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    order = np.argsort(-lp, axis=1)
+    ids = order.astype(np.int32)
+    lps = np.take_along_axis(lp, order, axis=1).astype(np.float32)
+    return Output(cid, tuple(int(i) for i in ids[:, 0]), "", ids, lps, lps[:, 0].copy())
+
+
+def test_nmse_controls_need_full_vocab() -> None:
+    full = {f"c{i}": full_vocab_output(f"c{i}", seed=i) for i in range(2)}
+    good = run_controls(NMSE(max_nmse=5e-4), cases(2), full)
+    assert all(c.ok for c in good), good
+    assert not by(run_controls(NMSE(max_nmse=1e9), cases(2), full), "perturb above bar").ok
+    g = golden()  # top-5 goldens: an NMSE gate on them can only skip
+    topk = run_controls(NMSE(max_nmse=5e-4), g.cases, g.outputs)
+    assert "full-vocab" in by(topk, GOLDEN_CHECK + " logprobs").note
+    assert guard("pass", topk, ["nmse"])[0] == "vacuous"
+
+
+def test_every_registered_control_set_has_a_must_fail_mutation() -> None:
+    for key, cs in CONTROLS.items():
+        assert any(m.expect == "fail" for m in cs.mutations), key
+    assert {"strict", "near_tie", "kl", "nmse"} <= set(CONTROLS)
+
+
+def test_register_replaces_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("harness.controls.CONTROLS", dict(CONTROLS))
+    from harness import controls as mod
+
+    cs = ControlSet("strict", (Mutation("x", "fail", plant_decisive_flip),))
+    register(cs)
+    assert mod.CONTROLS["strict"] is cs
+
+
+# --- end to end: a gate whose comparator cannot fail writes a VACUOUS record and table cell ------
+
+
+class EchoRunner:
+    """A candidate that replays the goldens: every comparator passes it."""
+
+    name = "echo"
+
+    def __init__(self, outputs: dict[str, Output]) -> None:
+        self.outputs = outputs
+
+    def info(self) -> EngineInfo:
+        return EngineInfo("echo", "echo", "1.0")
+
+    def start(self) -> None:
+        pass
+
+    def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
+        return [self.outputs[c.id] for c in cases]
+
+    def close(self) -> None:
+        pass
+
+
+VACUOUS_CATALOG = """
+[[columns]]
+key = "echo"
+candidate = "echo"
+
+[[sections]]
+title = "Gates"
+
+[[sections.rows]]
+id = "guarded"
+title = "near-tie (real)"
+model = "tiny-llama"
+suite = "smoke"
+prove = ["near_tie"]
+
+[[sections.rows]]
+id = "vacuous"
+title = "a comparator that cannot fail"
+model = "tiny-llama"
+suite = "smoke"
+prove = ["always_pass"]
+"""
+
+
+def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
+        tmp_path: Path, always_pass_registered: None) -> None:
+    ws = make_git_workspace(tmp_path / "ws", VACUOUS_CATALOG)
+    suite = ws.suites / "smoke.toml"
+    suite.write_text(suite.read_text().replace(
+        "[compare.strict]", "[compare.always_pass]\ngate = true\n\n[compare.strict]", 1))
+    from features_kit import commit
+    commit(ws.root, "gate on a comparator that cannot fail")
+
+    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False, runner=EchoRunner(dict(golden().outputs)))
+    rec = res.record
+    assert all(v.status == "pass" for v in rec.verdicts)  # every verdict passes ...
+    assert rec.outcome == "vacuous"                        # ... and the gate does not count
+    assert "VACUOUS: always_pass: flip decisive token expected fail, got pass" in rec.summary
+    assert any(c.comparator == "near_tie" and c.ok for c in rec.controls)
+
+    g = generate(ws)
+    assert g.table.cells[("vacuous", "echo")].state == "vacuous"
+    assert g.table.cells[("guarded", "echo")].state == "pass"
+    assert "| VACUOUS always_pass: flip decisive token" in g.features
+    assert "VACUOUS" in g.supported  # listed as not verified, with the reason
+    assert "## Verified models" in g.supported and "| tiny-llama | LlamaForCausalLM" not in g.supported
+
+
+def test_a_gate_with_real_comparators_records_its_controls(tmp_path: Path) -> None:
+    ws = make_git_workspace(tmp_path / "ws", VACUOUS_CATALOG.split("[[sections.rows]]\nid = \"vacuous\"")[0])
+    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False, runner=EchoRunner(dict(golden().outputs)))
+    assert res.record.outcome == "pass"
+    assert {c.comparator for c in res.record.controls} == {"strict", "near_tie"}
+    assert all(c.ok for c in res.record.controls)
+    assert res.record.model["architecture"] == "LlamaForCausalLM"
+    assert res.record.oracle["settings"]["block_size"] == 32

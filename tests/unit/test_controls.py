@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from features_kit import make_git_workspace
+from features_kit import commit, make_git_workspace
 
 from harness import compare
 from harness.api import Case, EngineInfo, Output, Sampling, Verdict
@@ -16,12 +16,23 @@ from harness.compare.kl import KL
 from harness.compare.near_tie import NearTie
 from harness.compare.nmse import NMSE
 from harness.compare.strict import Strict
-from harness.controls import (CONTROLS, GOLDEN_CHECK, UNGUARDED, ControlSet, Mutation, failed_positive,
-                              guard, plant_decisive_flip, register, run_controls, vacuous_reasons)
+from harness.controls import (
+    CONTROLS,
+    GOLDEN_CHECK,
+    UNGUARDED,
+    ControlSet,
+    Mutation,
+    failed_positive,
+    guard,
+    plant_decisive_flip,
+    register,
+    run_controls,
+    vacuous_reasons,
+)
 from harness.features import generate
 from harness.gate import run_gate
 from harness.goldens import read_golden
-from harness.workspace import REPO_ROOT, Workspace
+from harness.workspace import REPO_ROOT
 
 
 def golden():  # noqa: ANN201
@@ -272,10 +283,10 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
     suite = ws.suites / "smoke.toml"
     suite.write_text(suite.read_text().replace(
         "[compare.strict]", "[compare.always_pass]\ngate = true\n\n[compare.strict]", 1))
-    from features_kit import commit
     commit(ws.root, "gate on a comparator that cannot fail")
 
-    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False, runner=EchoRunner(dict(golden().outputs)))
+    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False,
+                   runner=EchoRunner(dict(golden().outputs)))
     rec = res.record
     assert all(v.status == "pass" for v in rec.verdicts)  # every verdict passes ...
     assert rec.outcome == "vacuous"                        # ... and the gate does not count
@@ -292,7 +303,8 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
 
 def test_a_gate_with_real_comparators_records_its_controls(tmp_path: Path) -> None:
     ws = make_git_workspace(tmp_path / "ws", VACUOUS_CATALOG.split("[[sections.rows]]\nid = \"vacuous\"")[0])
-    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False, runner=EchoRunner(dict(golden().outputs)))
+    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False,
+                   runner=EchoRunner(dict(golden().outputs)))
     assert res.record.outcome == "pass"
     assert {c.comparator for c in res.record.controls} == {"strict", "near_tie"}
     assert all(c.ok for c in res.record.controls)

@@ -1,0 +1,240 @@
+"""FEATURES.md / SUPPORTED_MODELS.md: cells computed from records, citations that resolve, broken
+records reported and skipped, records never rewritten, history newest first."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from features_kit import CATALOG, make_git_workspace, make_record
+
+from harness.cli import main
+from harness.features import CatalogError, check_citations, generate, history, load_catalog, write_pages
+from harness.records import Control
+from harness.workspace import Workspace
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Workspace:
+    return make_git_workspace(tmp_path / "ws")
+
+
+def cell(ws: Workspace, row: str = "near-tie", col: str = "hf"):  # noqa: ANN201
+    return generate(ws).table.cells[(row, col)]
+
+
+def test_no_record_is_not_yet(ws: Workspace) -> None:
+    g = generate(ws)
+    assert g.table.cells[("near-tie", "hf")].state == "todo"
+    assert g.table.cells[("exact", "cpp")].state == "na"
+    assert "n/a not applicable to this engine" in g.features
+    assert "✅" not in g.features.split("## Decode")[1]
+
+
+def test_pass_cites_its_record_and_sha(ws: Workspace) -> None:
+    rec, path = make_record(ws)
+    c = cell(ws)
+    assert (c.state, c.text) == ("pass", "near_tie 8/8")
+    rel = path.relative_to(ws.root).as_posix()
+    g = generate(ws)
+    assert f"✅ near_tie 8/8<br>[record]({rel}) @ `{rec.harness['sha'][:10]}`" in g.features
+    assert check_citations(ws, g.features, g.supported) == []
+
+
+def test_partial_names_the_gap_and_the_cases(ws: Workspace) -> None:
+    make_record(ws, statuses={"near_tie": ["pass"] * 5 + ["fail"] * 3, "strict": ["pass"] * 8},
+                outcome="fail")
+    c = cell(ws)
+    assert c.state == "partial" and c.text == "near_tie 5/8 (c06, c07, c08)"
+    assert cell(ws, "exact").state == "pass"  # the strict row reads strict's own verdicts
+
+
+def test_strict_row_shows_near_ties_as_partial(ws: Workspace) -> None:
+    make_record(ws, statuses={"near_tie": ["pass"] * 8, "strict": ["pass"] * 5 + ["fail"] * 3})
+    assert cell(ws, "exact").text == "strict 5/8 (c06, c07, c08)"
+    assert cell(ws).state == "pass"
+
+
+def test_all_failing_is_a_fail(ws: Workspace) -> None:
+    make_record(ws, statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8}, outcome="fail")
+    c = cell(ws)
+    assert c.state == "fail" and c.symbol == "❌" and c.text.startswith("near_tie 0/8")
+
+
+def test_refused_shows_the_engines_reason(ws: Workspace) -> None:
+    make_record(ws, outcome="refused", statuses={"near_tie": ["refused"] * 8},
+                extra={"engine_refused": "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"},
+                settings={"kv_cache_dtype": "fp8"})
+    c = cell(ws)
+    assert c.state == "refused" and c.text == "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"
+    g = generate(ws)
+    refused = g.supported.split("## Refused configurations")[1]
+    assert "kv_cache_dtype=fp8" in refused and "requires x86 with AVX-512" in refused
+
+
+def test_vacuous_record_is_vacuous_not_pass(ws: Workspace) -> None:
+    make_record(ws, outcome="vacuous", controls=(
+        Control("near_tie", "swap beyond bar", "fail", "pass 8/8", False),
+        Control("strict", "flip decisive token", "fail", "fail 8/8", True)))
+    assert cell(ws).state == "vacuous"
+    assert "swap beyond bar expected fail, got pass 8/8" in cell(ws).text
+    assert cell(ws, "exact").state == "pass"  # strict's own controls bit
+
+
+def test_a_pass_without_controls_is_not_a_full_pass(ws: Workspace) -> None:
+    make_record(ws, controls=())
+    c = cell(ws)
+    assert c.state == "partial" and "unguarded" in c.text
+
+
+def test_failed_positive_control_is_partial(ws: Workspace) -> None:
+    make_record(ws, controls=(Control("near_tie", "swap beyond bar", "fail", "fail 8/8", True),
+                              Control("near_tie", "swap within bar", "pass", "fail 8/8", False)))
+    c = cell(ws)
+    assert c.state == "partial" and "positive control 'swap within bar'" in c.text
+
+
+def test_newest_record_supersedes_and_records_are_never_rewritten(ws: Workspace) -> None:
+    make_record(ws, created="2026-11-30T01:00:00Z", outcome="fail",
+                statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8})
+    _, newer = make_record(ws, created="2026-11-30T02:00:00Z")
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in ws.records.rglob("*.json")}
+    c = cell(ws)
+    assert c.state == "pass" and c.record == newer.relative_to(ws.root).as_posix()
+    write_pages(ws, generate(ws))
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in ws.records.rglob("*.json")}
+    assert before == after
+
+
+def test_explicit_supersedes_retracts_a_newer_record(ws: Workspace) -> None:
+    older, older_path = make_record(ws, created="2026-11-30T01:00:00Z", outcome="fail",
+                                    statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8})
+    wrong, _ = make_record(ws, created="2026-11-30T02:00:00Z")
+    make_record(ws, created="2026-11-30T03:00:00Z", candidate="cpp",
+                extra={"supersedes": [wrong.id]})  # a correction naming the bad record
+    c = cell(ws)
+    assert c.record == older_path.relative_to(ws.root).as_posix() and c.state == "fail"
+
+
+@pytest.mark.parametrize("damage", [
+    lambda p: p.write_text(p.read_text()[: len(p.read_text()) // 2]),        # truncated
+    lambda p: p.write_text("{}"),                                            # no fields
+    lambda p: p.write_text(p.read_text().replace('"outcome": "pass"', '"outcome": "great"')),
+    lambda p: p.write_bytes(b"\xff\xfe not json"),
+])
+def test_malformed_record_is_a_warning_cell_never_a_crash(ws: Workspace, damage) -> None:  # noqa: ANN001
+    _, good = make_record(ws, created="2026-11-30T01:00:00Z")
+    _, bad = make_record(ws, created="2026-11-30T02:00:00Z")
+    damage(bad)
+    g = generate(ws)
+    rel = bad.relative_to(ws.root).as_posix()
+    c = g.table.cells[("near-tie", "hf")]
+    assert c.state == "pass" and c.record == good.relative_to(ws.root).as_posix()
+    assert c.warnings == (f"⚠ unreadable record {rel}",)
+    assert g.table.cells[("near-tie", "cpp")].warnings == ()  # not this candidate's file
+    assert f"- ⚠ `{rel}`" in g.features.split("## Unreadable records")[1]
+    assert "(1 unreadable)" in g.features
+
+
+def test_cli_warns_about_unreadable_records_and_still_writes(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HARNESS_ROOT", str(ws.root))
+    _, bad = make_record(ws)
+    bad.write_text('{"id": ')
+    assert main(["features"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning: unreadable record reports/records/tiny-llama/smoke/" in err
+    assert "⚠ unreadable record" in (ws.root / "FEATURES.md").read_text()
+
+
+def test_check_fails_when_the_table_is_edited_by_hand(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HARNESS_ROOT", str(ws.root))
+    make_record(ws)
+    assert main(["features"]) == 0
+    assert main(["features", "--check"]) == 0
+    f = ws.root / "FEATURES.md"
+    f.write_text(f.read_text().replace("☐", "✅"))
+    assert main(["features", "--check"]) == 1
+    assert "FEATURES.md is not what the generator writes" in capsys.readouterr().err
+
+
+def test_dead_citations_are_found(ws: Workspace) -> None:
+    _, path = make_record(ws)
+    g = generate(ws)
+    path.unlink()
+    rel = path.relative_to(ws.root).as_posix()
+    assert check_citations(ws, g.features, g.supported) == [rel]
+
+
+def test_history_is_newest_first_and_marks_the_shown_record(ws: Workspace) -> None:
+    make_record(ws, created="2026-11-30T01:00:00Z", outcome="fail",
+                statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8})
+    make_record(ws, created="2026-11-30T03:00:00Z", dirty=True)
+    make_record(ws, created="2026-11-30T02:00:00Z")
+    cat = load_catalog(ws.root / "features.toml", ws)
+    h = history(ws, cat, "near-tie", "hf")
+    assert [e.lr.record.created for e in h] == ["2026-11-30T03:00:00Z", "2026-11-30T02:00:00Z",
+                                                "2026-11-30T01:00:00Z"]
+    assert [e.cell.state for e in h] == ["stale", "pass", "fail"]
+    assert [e.current for e in h] == [True, False, False]
+    assert h[1].superseded_by == h[0].lr.record.id
+
+
+def test_history_cli_and_unknown_feature(
+        ws: Workspace, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HARNESS_ROOT", str(ws.root))
+    make_record(ws)
+    assert main(["history", "near-tie"]) == 0
+    assert "✅ pass" in capsys.readouterr().out
+    assert main(["history", "near-tye"]) == 2
+    assert "Did you mean 'near-tie'" in capsys.readouterr().err
+
+
+def test_supported_models_lists_verified_and_not_verified(ws: Workspace) -> None:
+    make_record(ws, created="2026-11-30T01:00:00Z")
+    make_record(ws, candidate="cpp", candidate_sha="ab" * 20, created="2026-11-30T02:00:00Z")
+    s = generate(ws).supported
+    verified = s.split("## Verified models")[1].split("## Settings per model")[0]
+    assert "| tiny-llama | LlamaForCausalLM | full attention, MQA 2q/1kv | 0.32.0 | hf (transformers 1.0)" \
+        in verified
+    settings = s.split("## Settings per model")[1].split("## Not verified")[0]
+    assert "| tiny-llama | 0.32.0 | 32 | — | float32 |" in settings
+    not_verified = s.split("## Not verified")[1].split("## Refused")[0]
+    assert "| tiny-llama | cpp | ⌛ |" in not_verified and "cannot be checked" in not_verified
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda s: s.replace('prove = ["near_tie"]', 'prove = []', 1), "field 'prove' must be a non-empty list"),
+    (lambda s: s.replace('prove = ["near_tie"]', 'prove = ["near_tye"]', 1),
+     "suite 'smoke' has no comparator 'near_tye'"),
+    (lambda s: s.replace('na = { cpp', 'na = { cp', 1), "unknown column 'cp'. Did you mean 'cpp'"),
+    (lambda s: s.replace('id = "exact"', 'id = "near-tie"', 1), "duplicate row id 'near-tie'"),
+    (lambda s: s.replace('candidate = "hf"', '', 1), "columns[0]: missing field 'candidate'"),
+    (lambda s: s + "\n[[[", "not valid TOML"),
+])
+def test_catalog_errors_name_the_file_and_field(ws: Workspace, edit, needle: str) -> None:  # noqa: ANN001
+    p = ws.root / "features.toml"
+    p.write_text(edit(CATALOG))
+    with pytest.raises(CatalogError) as e:
+        load_catalog(p, ws)
+    assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_rows_for_suites_not_written_yet_are_not_yet(ws: Workspace) -> None:
+    p = ws.root / "features.toml"
+    p.write_text(CATALOG.replace('suite = "smoke"\nprove = ["near_tie"]',
+                                 'suite = "kv_roundtrip"\nprove = ["byte_equal"]', 1))
+    c = cell(ws)
+    assert c.state == "todo" and "suite 'kv_roundtrip' not written yet" in c.text
+
+
+def test_row_specific_candidate_configuration(ws: Workspace) -> None:
+    p = ws.root / "features.toml"
+    p.write_text(CATALOG.replace('prove = ["near_tie"]\n',
+                                 'prove = ["near_tie"]\ncandidates = { hf = "hf:dtype=bfloat16" }\n', 1))
+    make_record(ws)  # plain hf: not this row's configuration
+    assert cell(ws).state == "todo"
+    make_record(ws, candidate="hf:dtype=bfloat16")
+    assert cell(ws).state == "pass"

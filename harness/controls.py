@@ -285,9 +285,7 @@ def plant_decisive_flip(comp: Any, case: Case, oracle: Output) -> Planted | str:
     t = _decisive(oracle)
     r = _rows(oracle)
     alt = _outside(r[0][t] if r is not None and t < len(r[0]) else None, oracle.token_ids[t])
-    toks = list(oracle.token_ids)
-    toks[t] = alt
-    return Planted(oracle, oracle.with_tokens(toks), f"flipped position {t} to id {alt}")
+    return Planted(oracle, _swap(oracle, t, alt), f"flipped position {t} to id {alt}")
 
 
 def _swaps(comp: Any, oracle: Output) -> list[tuple[float, int, int]] | str:
@@ -312,10 +310,19 @@ def _swaps(comp: Any, oracle: Output) -> list[tuple[float, int, int]] | str:
     return out
 
 
+def _flip_text(text: str, t: int, n: int) -> str:
+    """``text`` with one character changed near token ``t`` of ``n``: a text-only comparator (strict
+    on text) sees the mutation too."""
+    if not text:
+        return text
+    i = min(len(text) - 1, round(t / max(n, 1) * len(text)))
+    return text[:i] + ("#" if text[i] != "#" else "$") + text[i + 1:]
+
+
 def _swap(oracle: Output, t: int, alt: int) -> Output:
     toks = list(oracle.token_ids)
     toks[t] = alt
-    return oracle.with_tokens(toks)
+    return _copy(oracle.with_tokens(toks), text=_flip_text(oracle.text, t, len(toks)))
 
 
 def plant_beyond_bar(comp: Any, case: Case, oracle: Output) -> Planted | str:
@@ -366,7 +373,7 @@ def plant_outside_topk(comp: Any, case: Case, oracle: Output) -> Planted | str:
 def plant_truncate(comp: Any, case: Case, oracle: Output) -> Planted | str:
     if not oracle.token_ids:
         return "the golden generation is empty"
-    return Planted(oracle, oracle.with_tokens(oracle.token_ids[:-1]), "")
+    return Planted(oracle, _copy(oracle.with_tokens(oracle.token_ids[:-1]), text=oracle.text[:-1]), "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,15 +487,27 @@ register(ControlSet("nmse", needs=Needs(logprobs=True, full_vocab=True), mutatio
 # the gate's entry points
 
 
-def suite_controls(suite: Any, golden: Any, decode: Callable[[Sequence[int]], str] | None = None
-                   ) -> list[Control]:
+def suite_controls(suite: Any, golden: Any, decode: Callable[[Sequence[int]], str] | None = None,
+                   capabilities: Any = None) -> list[Control]:
     """The controls of every comparator of ``suite`` (a :class:`~harness.suites.Suite`) against
-    ``golden`` (a :class:`~harness.goldens.Golden`)."""
+    ``golden`` (a :class:`~harness.goldens.Golden`).
+
+    ``capabilities`` (the candidate's, see :mod:`harness.capabilities`): guard the comparator the
+    gate actually judged with (``strict`` on text for a candidate without ids); a comparator the
+    candidate makes impossible judged nothing and gets no controls.
+    """
     from harness import compare
 
     out: list[Control] = []
     for spec in suite.comparators:
-        comp = compare.build(spec.name, spec.params, decode)
+        if capabilities is not None:
+            from harness.capabilities import comparator_for
+
+            comp = comparator_for(spec.name, spec.params, decode, capabilities)
+            if isinstance(comp, str):
+                continue
+        else:
+            comp = compare.build(spec.name, spec.params, decode)
         out += run_controls(comp, golden.cases, golden.outputs)
     return out
 

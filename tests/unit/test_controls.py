@@ -310,3 +310,21 @@ def test_a_gate_with_real_comparators_records_its_controls(tmp_path: Path) -> No
     assert all(c.ok for c in res.record.controls)
     assert res.record.model["architecture"] == "LlamaForCausalLM"
     assert res.record.oracle["settings"]["block_size"] == 32
+
+
+@dataclass(frozen=True, slots=True)
+class TextOnlyStrict:
+    """strict judged on text (a candidate without token ids): same key, other evidence."""
+
+    key = "strict"
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
+        return Verdict(case.id, self.key, "pass" if oracle.text == candidate.text else "fail", "text")
+
+
+def test_token_mutations_change_the_text_too_so_text_only_strict_is_guarded() -> None:
+    g = golden()
+    controls = run_controls(TextOnlyStrict(), g.cases, g.outputs)
+    assert by(controls, "flip decisive token").got == "fail 8/8"
+    assert by(controls, "drop last token").got == "fail 8/8"
+    assert guard("pass", controls, ["strict"])[0] == "pass"

@@ -483,6 +483,41 @@ register(ControlSet("nmse", needs=Needs(logprobs=True, full_vocab=True), mutatio
 )))
 
 
+def plant_drift_ramp(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """Lower the top-1 logprob by a ramp, 0 at the first position to d at the last: KL grows."""
+    r = _rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    ids, lp = r
+    n = min(len(oracle.token_ids), len(lp))
+    if n < int(comp.min_positions):
+        return f"{n} positions, fewer than the {comp.min_positions} drift needs"
+    lp = lp[:n]
+    bar = float(comp.max_slope_per_1k)
+    full = _full_vocab(lp)
+    top = lp.argmax(axis=1)
+    ramp = np.arange(n) / (n - 1)
+    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+        c = lp.copy()
+        c[np.arange(n), top] -= d * ramp
+        if full:
+            c = _log_softmax(c)
+        slope = float(np.polyfit(np.arange(n), reference_kl(lp, c), 1)[0]) * 1000
+        if slope >= OVER_BAR * max(bar, 0.0):
+            full_c = np.array(oracle.top_logprobs, np.float64, copy=True)
+            full_c[:n] = c
+            return Planted(oracle, _with_logprobs(oracle, full_c),
+                           f"top-1 lowered by a 0..{d:g} nats ramp: reference slope {slope:.3g} nats/1k "
+                           f">= {OVER_BAR:g}x bar {bar:g}")
+    return f"no ramp reaches {OVER_BAR:g}x the slope bar"
+
+
+register(ControlSet("drift", needs=Needs(logprobs=True, min_k=2), mutations=(
+    Mutation("KL ramp above slope bar", "fail", plant_drift_ramp),
+    Mutation("unperturbed copy", "pass", plant_identity),
+)))
+
+
 # ---------------------------------------------------------------------------------------------
 # the gate's entry points
 
@@ -518,3 +553,49 @@ def guard(outcome: Outcome, controls: Sequence[Control], gates: Sequence[str]
     shows it could not have failed. A failing gate stays failed: it did bite."""
     why = vacuous_reasons(controls, gates)
     return ("vacuous" if why and outcome == "pass" else outcome), why
+
+
+# ---------------------------------------------------------------------------------------------
+# KV pages (byte-equal): a different subject than Outputs, so a helper the KV gate calls directly
+
+PageJudge = Callable[[Mapping[Any, bytes], Mapping[Any, bytes]], str]
+"""(written pages, restored pages) -> the comparator's status for the pair (``pass``/``fail``/...)."""
+
+
+def page_controls(key: str, judge: PageJudge, written: Mapping[Any, bytes]) -> list[Control]:
+    """Controls of a page comparator: against the pages the engine wrote, flipping one byte of one
+    page and dropping one page must fail, an identical copy must pass, and a capture that is empty,
+    all zero bytes or one page repeated is flagged as degenerate."""
+    pages = {k: bytes(v) for k, v in written.items()}
+    fatal, flags = [], []
+    if not pages:
+        fatal.append("no pages were captured")
+    elif all(not any(v) for v in pages.values()):
+        fatal.append(f"all {len(pages)} captured pages are zero bytes (an unused buffer?)")
+    elif len(pages) > 1 and len(set(pages.values())) == 1:
+        fatal.append(f"all {len(pages)} captured pages hold the same bytes")
+    elif any(not v for v in pages.values()):
+        flags.append("some pages are empty")
+    out = [Control(key, GOLDEN_CHECK + " pages", "pass", "degenerate" if fatal else "ok", not fatal,
+                   "; ".join(fatal + flags))]
+    if not pages:
+        return out + [Control(key, "flip one byte of one page", "fail", "unplantable", False,
+                              "nothing to plant it on: no pages")]
+    keys = list(pages)
+    victim = next((k for k in keys[len(keys) // 2:] + keys if pages[k]), None)
+    if victim is None:
+        out.append(Control(key, "flip one byte of one page", "fail", "unplantable", False,
+                           "nothing to plant it on: every page is empty"))
+    else:
+        b = bytearray(pages[victim])
+        at = len(b) // 2
+        b[at] ^= 0x01
+        got = judge(pages, {**pages, victim: bytes(b)})
+        out.append(Control(key, "flip one byte of one page", "fail", got, got == "fail",
+                           f"byte {at} of page {str(victim)[:40]}"))
+    dropped = {k: v for k, v in pages.items() if k != keys[-1]}
+    got = judge(pages, dropped)
+    out.append(Control(key, "drop one page", "fail", got, got == "fail", f"page {str(keys[-1])[:40]}"))
+    got = judge(pages, dict(pages))
+    out.append(Control(key, "identical copy", "pass", got, got == "pass"))
+    return out

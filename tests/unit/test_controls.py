@@ -328,3 +328,47 @@ def test_token_mutations_change_the_text_too_so_text_only_strict_is_guarded() ->
     assert by(controls, "flip decisive token").got == "fail 8/8"
     assert by(controls, "drop last token").got == "fail 8/8"
     assert guard("pass", controls, ["strict"])[0] == "pass"
+
+
+def pages(n: int = 4, size: int = 64) -> dict[tuple[str, str], bytes]:
+    rng = np.random.default_rng(0)
+    return {(f"k{i}", "layer0"): rng.integers(0, 256, size, dtype=np.uint8).tobytes() for i in range(n)}
+
+
+def byte_equal(written, restored) -> str:  # noqa: ANN001
+    return "pass" if written == restored else "fail"
+
+
+def digest_of_first_page_only(written, restored) -> str:  # noqa: ANN001
+    """A page comparator that compares one page's length: it cannot see a flipped byte."""
+    k = next(iter(written))
+    return "pass" if k in restored and len(restored[k]) == len(written[k]) else "fail"
+
+
+def test_page_controls_bite_on_a_real_byte_comparison() -> None:
+    from harness.controls import page_controls
+
+    controls = page_controls("byte_equal", byte_equal, pages())
+    assert all(c.ok for c in controls), controls
+    assert guard("pass", controls, ["byte_equal"])[0] == "pass"
+
+
+def test_a_page_comparator_that_misses_a_flipped_byte_is_vacuous() -> None:
+    from harness.controls import page_controls
+
+    controls = page_controls("byte_equal", digest_of_first_page_only, pages())
+    assert by(controls, "flip one byte of one page").got == "pass"
+    assert guard("pass", controls, ["byte_equal"])[0] == "vacuous"
+
+
+@pytest.mark.parametrize("captured, needle", [
+    ({}, "no pages were captured"),
+    ({("a", "l"): bytes(64), ("b", "l"): bytes(64)}, "zero bytes"),
+    ({("a", "l"): b"\x01" * 64, ("b", "l"): b"\x01" * 64}, "the same bytes"),
+])
+def test_degenerate_page_captures_are_vacuous(captured, needle: str) -> None:  # noqa: ANN001
+    from harness.controls import page_controls
+
+    controls = page_controls("byte_equal", byte_equal, captured)
+    assert needle in by(controls, GOLDEN_CHECK + " pages").note
+    assert guard("pass", controls, ["byte_equal"])[0] == "vacuous"

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import compare
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Runner, Verdict
+from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
 from harness.controls import guard, suite_controls
 from harness.engines import RunnerContext, make_runner
 from harness.goldens import (Golden, GoldenError, golden_dir, read_golden, record_command, staleness,
@@ -22,6 +22,7 @@ from harness.models.arch import model_facts
 from harness.pin import OraclePin, oracle_pin
 from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
 from harness.records import Outcome, Record, new_record_id, write_record
+from harness.speed import Speed, speed_extra
 from harness.suites import Suite, find_suite
 from harness.workspace import Workspace
 
@@ -97,11 +98,19 @@ def load_or_record(ws: Workspace, model: ModelRef, suite: Suite, *, auto_record:
 
 
 def judge(golden: Golden, outputs: Mapping[str, Output], suite: Suite,
-          decode: Callable[[Sequence[int]], str] | None) -> list[Verdict]:
-    """Every configured comparator over every case."""
+          decode: Callable[[Sequence[int]], str] | None,
+          capabilities: Capabilities | None = None) -> list[Verdict]:
+    """Every configured comparator over every case.
+
+    ``capabilities`` (what the candidate could return): a comparator it makes impossible answers
+    ``skip`` with the reason; ``strict`` judges text when there are no token ids.
+    """
     verdicts = []
     for spec in suite.comparators:
-        comp = compare.build(spec.name, spec.params, decode)
+        comp = comparator_for(spec.name, spec.params, decode, capabilities)
+        if isinstance(comp, str):
+            verdicts += [impossible_verdict(case, spec.name, comp) for case in golden.cases]
+            continue
         for case in golden.cases:
             cand = outputs.get(case.id) or Output(case.id, (), error="candidate returned no output")
             verdicts.append(comp.compare(golden.outputs[case.id], cand, case))
@@ -147,11 +156,16 @@ def summarize(suite: Suite, verdicts: Sequence[Verdict], cases: Sequence[Case]) 
 
 def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
              auto_record: bool = True, transform: Transform | None = None,
-             runner: Runner | None = None, write: bool = True) -> GateResult:
+             runner: Runner | None = None, write: bool = True, concurrency: int | None = None,
+             oracle_speed: bool | Speed = False) -> GateResult:
     """Run one gate and write its record.
 
     ``transform`` rewrites the candidate's outputs before judging (planted mutations in tests);
     ``runner`` replaces the one the spec would make (an already-configured engine).
+    ``concurrency``: requests in flight (None: the runner's default). ``oracle_speed``: also replay
+    the cases on the pinned vLLM at the same concurrency, after the candidate has stopped, so the
+    record can state a candidate/oracle speed ratio (one more engine start); a :class:`Speed`
+    measured earlier in the same session (``make matrix``) is used as is.
     """
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
@@ -163,7 +177,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
         timings["oracle_record_s"] = golden.manifest["timings"]["record_wall_s"]
 
     ws.runs.mkdir(parents=True, exist_ok=True)
-    runner = runner or make_runner(candidate, model, RunnerContext(run_dir=ws.runs))
+    runner = runner or make_runner(candidate, model, RunnerContext(run_dir=ws.runs, concurrency=concurrency))
     outputs: dict[str, Output] = {}
     extra: dict[str, Any] = {}
     t1 = time.perf_counter()
@@ -174,7 +188,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
             produced = transform(produced)
         outputs = {o.case_id: o for o in produced}
         t2 = time.perf_counter()
-        verdicts = judge(golden, outputs, suite, model.decode)
+        verdicts = judge(golden, outputs, suite, model.decode, getattr(runner, "capabilities", None))
         timings["compare_s"] = time.perf_counter() - t2
     except (EngineRefused, EngineFailed) as e:
         status = "refused" if isinstance(e, EngineRefused) else "error"
@@ -187,6 +201,10 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     finally:
         runner.close()
     timings["candidate_wall_s"] = time.perf_counter() - t1
+    ran = not extra  # no engine_error / engine_refused
+    extra.update(capability_extra(getattr(runner, "capabilities", None), (s.name for s in suite.comparators)))
+    extra.update(speed_extra(runner, golden.cases, golden.sampling, model, ws.runs, concurrency,
+                             oracle_speed, candidate_ran=ran))
     timings.update({f"candidate_{k}": float(v) for k, v in getattr(runner, "timings", {}).items()})
     oracle_t = golden.manifest.get("timings", {})
     timings.update({f"oracle_{k}": float(v) for k, v in oracle_t.items()})

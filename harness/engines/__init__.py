@@ -4,6 +4,10 @@ A candidate spec is ``NAME``, ``NAME:OPTIONS`` or ``NAME:ARGUMENT``:
 
 * ``hf`` / ``hf:device=cuda,dtype=bfloat16``  transformers
 * ``vllm`` / ``vllm:dtype=bfloat16``           the pinned vLLM (the oracle's own engine)
+* ``vllm@0.31.0`` / ``vllm@0.31.0:dtype=...``  another vLLM release, in its own venv (.venvs/)
+* ``openai:http://127.0.0.1:8000,c=8``         any OpenAI-compatible server (harness.engines.openai)
+* ``cmd:python my_engine.py {model}``          any program speaking JSON lines (harness.engines.cmd)
+* ``vllm-server`` / ``vllm-server@0.31.0``     a vLLM OpenAI server the harness starts and stops
 
 A new engine registers a factory in :data:`RUNNERS`; nothing else changes.
 """
@@ -25,6 +29,8 @@ class RunnerContext:
     """What a factory may need beyond the spec: where the run may write scratch files."""
 
     run_dir: Path | None = None
+    concurrency: int | None = None
+    """Requests in flight (``harness gate --concurrency``); None: the engine's default."""
 
 
 Factory = Callable[[str, str | None, ModelRef, RunnerContext], Runner]
@@ -55,12 +61,47 @@ def _vllm(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Ru
     return VLLMRunner(model, parse_options(arg, spec), name=spec, run_dir=ctx.run_dir)
 
 
-RUNNERS: dict[str, Factory] = {"hf": _hf, "vllm": _vllm}
+def _vllm_release(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
+    from harness.engines.vllm_release import VLLMReleaseRunner
+
+    version = split_spec(spec)[0].partition("@")[2]
+    return VLLMReleaseRunner(model, version, parse_options(arg, spec), name=spec, run_dir=ctx.run_dir,
+                             concurrency=ctx.concurrency)
+
+
+def _openai(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
+    from harness.engines.openai import OpenAIRunner, parse_openai_spec
+
+    return OpenAIRunner(parse_openai_spec(spec, arg, ctx.concurrency or 1), name=spec)
+
+
+def _cmd(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
+    from harness.engines.cmd import CmdRunner
+
+    return CmdRunner(arg or "", model, name=spec, run_dir=ctx.run_dir)
+
+
+def _vllm_server(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
+    from harness.engines.vllm_release import release_python
+    from harness.engines.vllm_server import VLLMServerRunner
+
+    version = split_spec(spec)[0].partition("@")[2]
+    python = (lambda: str(release_python(version).python)) if version else None
+    return VLLMServerRunner(model, parse_options(arg, spec), name=spec, python=python,
+                            run_dir=ctx.run_dir, concurrency=ctx.concurrency or 1)
+
+
+RUNNERS: dict[str, Factory] = {"hf": _hf, "vllm": _vllm, "vllm@": _vllm_release, "openai": _openai,
+                               "cmd": _cmd, "vllm-server": _vllm_server, "vllm-server@": _vllm_server}
 """Engine name -> factory(spec, argument, model, context)."""
 
 DESCRIPTIONS: dict[str, str] = {
     "hf": "Hugging Face transformers (hf:device=cuda,dtype=bfloat16)",
     "vllm": "the pinned vLLM as a candidate (vllm:dtype=bfloat16)",
+    "vllm@": "another vLLM release in its own venv, installed on first use (vllm@0.31.0)",
+    "openai": "an OpenAI-compatible server (openai:http://127.0.0.1:8000,c=8,key_env=MY_KEY)",
+    "cmd": "a program reading workload JSONL, writing one JSON line per case (cmd:'./engine {model}')",
+    "vllm-server": "a vLLM OpenAI server started on loopback and stopped after (vllm-server[@0.31.0]:c=8)",
 }
 
 

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.models import ModelRef
+from harness.speed import Speed
 from harness.teacher import scored_output
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -51,8 +53,13 @@ def _coerce(v: str) -> Any:
 class VLLMRunner:
     def __init__(self, model: ModelRef, options: Mapping[str, Any], name: str = "vllm",
                  python: str | None = None, version: str | None = None,
-                 run_dir: Path | None = None, sampling_extra: Mapping[str, Any] | None = None) -> None:
+                 run_dir: Path | None = None, sampling_extra: Mapping[str, Any] | None = None,
+                 concurrency: int | None = None) -> None:
         self.name = name
+        self.concurrency = concurrency
+        """None: every case in one ``generate`` call (how goldens are recorded). c: a closed loop
+        with c requests in flight, which also measures each one's time to first token."""
+        self.speed: Speed | None = None
         self.model = model
         self.python = python or sys.executable
         self._version = version
@@ -97,16 +104,21 @@ class VLLMRunner:
             "sampling_extra": self.sampling_extra,
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
+            **({"concurrency": self.concurrency} if self.concurrency else {}),
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         with self.log_path.open("w") as log:
+            proc = subprocess.Popen([self.python, str(WORKER), str(req), str(res)], stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    preexec_fn=parent_death_signal())
+            track(proc)
             try:
-                proc = subprocess.run([self.python, str(WORKER), str(req), str(res)], stdout=log,
-                                      stderr=subprocess.STDOUT, env=env, timeout=START_TIMEOUT_S,
-                                      start_new_session=True)
+                proc.wait(timeout=START_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s",
                                    self._tail()) from None
+            finally:
+                kill_group(proc)  # the worker's engine-core processes, whatever happened
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
         head = lines[0] if lines else {}
         if head.get("kind") == "refused":
@@ -116,6 +128,10 @@ class VLLMRunner:
             raise EngineFailed(reason, self._tail())
         self.meta = head
         self.timings = {**head["timings"], "output_tokens": head["output_tokens"]}
+        if "ttft_s" in head:
+            self.speed = Speed(int(head["concurrency"]), len(cases), int(head["output_tokens"]),
+                               float(head["timings"]["generate_s"]),
+                               tuple(float(t) for t in head["ttft_s"] if t is not None), "vllm-offline")
         got = {d["id"]: d for d in lines[1:] if d.get("kind", "case") == "case"}
         scores = [scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"],
                                 d["chosen_logprobs"]) for d in lines[1:] if d.get("kind") == "score"]

@@ -7,6 +7,8 @@ talks to it through files:
     python vllm_worker.py REQUEST.json RESULT.jsonl
 
 REQUEST.json: {"model", "engine": {LLM kwargs}, "sampling": {...}, "cases": [{"id", "prompt_ids"}]}
+and optionally "concurrency": c, to replay the cases with at most c in flight (a closed loop, as c
+clients load a server) and report each one's time to first token in the meta line ("ttft_s").
 RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one line per case
 {"kind": "case", "id", "token_ids", "text", "top_ids", "top_logprobs", "chosen_logprobs",
 "finish_reason"}. An optional "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
@@ -95,6 +97,38 @@ def _score(llm, sampling_params, score: dict | None, seed: int) -> tuple[list[di
     return lines, time.perf_counter() - t0
 
 
+def _closed_loop(llm, prompts: list, params, concurrency: int) -> tuple[list, list]:
+    """Keep ``concurrency`` requests in flight until all are done (how a server is loaded by c
+    clients). Returns the outputs in prompt order and each request's time to first token (s)."""
+    engine = llm.llm_engine
+    todo = list(range(len(prompts)))[::-1]
+    index, sent, first, done = {}, {}, {}, {}
+
+    def submit() -> None:
+        i = todo.pop()
+        rid = f"case-{i}"
+        sent[i] = time.perf_counter()
+        got = engine.add_request(rid, prompts[i], params)
+        index[rid] = i
+        if isinstance(got, str):
+            index[got] = i  # releases that rename the request answer with the new id
+
+    while todo and len(sent) - len(done) < concurrency:
+        submit()
+    while len(done) < len(prompts):
+        for r in engine.step():
+            i = index.get(r.request_id)
+            if i is None or i in done:
+                continue
+            if i not in first and r.outputs and len(r.outputs[0].token_ids) > 0:
+                first[i] = time.perf_counter() - sent[i]
+            if r.finished:
+                done[i] = r
+                if todo:
+                    submit()
+    return [done[i] for i in range(len(prompts))], [first.get(i) for i in range(len(prompts))]
+
+
 def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
@@ -117,7 +151,12 @@ def main(request_path: str, result_path: str) -> int:
             seed=int(s.get("seed", 0)), **req.get("sampling_extra", {}))
         prompts = [{"prompt_token_ids": c["prompt_ids"]} for c in req["cases"]]
         t1 = time.perf_counter()
-        results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        conc = req.get("concurrency")
+        ttft: list = []
+        if conc and prompts:
+            results, ttft = _closed_loop(llm, prompts, params, int(conc))
+        else:
+            results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
         t_gen = time.perf_counter() - t1
         n_out = sum(len(r.outputs[0].token_ids) for r in results)
         scored, t_score = _score(llm, SamplingParams, req.get("score"), int(s.get("seed", 0)))
@@ -127,6 +166,7 @@ def main(request_path: str, result_path: str) -> int:
             "timings": {"engine_start_s": t_start, "generate_s": t_gen,
                         **({"score_s": t_score} if scored else {})},
             "output_tokens": n_out,
+            **({"concurrency": int(conc), "ttft_s": ttft} if conc and prompts else {}),
             "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
             "block_size": getattr(cache, "block_size", None),
             "cache_dtype": str(getattr(cache, "cache_dtype", "")),

@@ -1,0 +1,105 @@
+"""What a candidate engine can return, and which comparators that makes impossible.
+
+Python engines return everything. Servers and CLIs differ: some return no token ids (text only),
+some no logprobs, some cap how many. A runner states it in a :class:`Capabilities` (its optional
+``capabilities`` attribute); the gate then judges what can be judged and the record says which
+comparators were impossible and why, instead of failing a candidate for a question it was never
+able to answer:
+
+* no token ids      -> ``strict`` compares text (see :mod:`harness.compare.strict_text`); every
+                       other comparator is impossible;
+* no top-k logprobs -> comparators of distributions (``kl``, ``nmse``, ``drift``) are impossible;
+                       ``strict`` and ``near_tie`` only need the candidate's ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from harness.api import Case, Comparator, Verdict
+
+Need = Literal["token_ids", "top_logprobs"]
+
+NEEDS: Mapping[str, frozenset[Need]] = {
+    "strict": frozenset({"token_ids"}),
+    "near_tie": frozenset({"token_ids"}),
+    "kl": frozenset({"token_ids", "top_logprobs"}),
+    "nmse": frozenset({"token_ids", "top_logprobs"}),
+    "drift": frozenset({"token_ids", "top_logprobs"}),
+}
+"""What each comparator needs from the *candidate*. A comparator not listed here is assumed to
+need everything (an unknown comparator is skipped as impossible rather than fed half an output)."""
+
+ALL_NEEDS: frozenset[Need] = frozenset({"token_ids", "top_logprobs"})
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What one engine returned for a workload (detected, not configured)."""
+
+    token_ids: bool = True
+    """Generated token ids come back (else only text)."""
+    top_logprobs: bool = True
+    """Per-position top-k (id, logprob) pairs come back."""
+    logprobs_served: int | None = None
+    """k the engine actually returned per position (a server may cap it below what was asked)."""
+    logprobs_asked: int | None = None
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    """Why a capability is missing, keyed ``token_ids`` / ``top_logprobs``."""
+    notes: tuple[str, ...] = ()
+    """Other findings worth a line in the record (e.g. ``server caps logprobs at 20``)."""
+
+    def missing(self) -> dict[str, str]:
+        out = {}
+        if not self.token_ids:
+            out["token_ids"] = self.reasons.get("token_ids", "the engine returns no token ids")
+        if not self.top_logprobs:
+            out["top_logprobs"] = self.reasons.get("top_logprobs", "the engine returns no top-k logprobs")
+        return out
+
+    def impossible(self, comparators: Iterable[str]) -> dict[str, str]:
+        """comparator -> why it cannot judge this engine (``strict`` falls back to text instead)."""
+        missing = self.missing()
+        out = {}
+        for name in comparators:
+            lacking = [m for m in sorted(NEEDS.get(name, ALL_NEEDS)) if m in missing]
+            if name == "strict" and lacking == ["token_ids"]:
+                continue  # judged on text
+            if lacking:
+                out[name] = "; ".join(missing[m] for m in lacking)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"token_ids": self.token_ids, "top_logprobs": self.top_logprobs,
+                "logprobs_served": self.logprobs_served, "logprobs_asked": self.logprobs_asked,
+                "reasons": dict(self.reasons), "notes": list(self.notes)}
+
+
+def comparator_for(name: str, params: Mapping[str, Any], decode: Callable[[Sequence[int]], str] | None,
+                   capabilities: Capabilities | None) -> Comparator | str:
+    """The comparator to judge with, or the reason it cannot judge this candidate at all."""
+    from harness import compare
+    from harness.compare.strict_text import StrictText
+
+    if capabilities is not None:
+        if (why := capabilities.impossible([name]).get(name)) is not None:
+            return why
+        if name == "strict" and not capabilities.token_ids:
+            return StrictText()
+    return compare.build(name, params, decode)
+
+
+def impossible_verdict(case: Case, comparator: str, why: str) -> Verdict:
+    return Verdict(case.id, comparator, "skip", f"impossible: {why}"[:160],
+                   detail=f"{case.id}: {comparator} cannot judge this candidate: {why}",
+                   evidence={"impossible": why})
+
+
+def capability_extra(capabilities: Capabilities | None, comparators: Iterable[str]) -> dict[str, Any]:
+    """The record's ``capabilities`` / ``impossible`` entries (nothing for a runner that has none)."""
+    if capabilities is None:
+        return {}
+    return {"capabilities": capabilities.to_json(),
+            "impossible": capabilities.impossible(list(comparators))}

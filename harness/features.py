@@ -17,6 +17,7 @@ passed, so the gate could not have failed · ❌ gated fail or engine error · �
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import subprocess
 import tomllib
@@ -62,7 +63,8 @@ class Column:
     key: str
     title: str
     candidate: str
-    """The candidate spec whose records fill this column (``Record.candidate.name``)."""
+    """The candidate spec whose records fill this column (``Record.candidate.name``); a glob such as
+    ``vllm-server*`` matches every option string of one engine."""
     repo: Path | None = None
     """The candidate's own git repository, for candidates that record their SHA."""
 
@@ -234,6 +236,18 @@ class Broken:
 def candidate_slug(spec: str) -> str:
     """The candidate part of a record's file name (as :func:`harness.records.new_record_id` makes it)."""
     return re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-")[:40] or "candidate"
+
+
+def spec_matches(name: str, spec: str) -> bool:
+    """A record's candidate ``name`` against a catalog spec: exact, or a glob (``vllm-server*``)."""
+    return fnmatch.fnmatchcase(name, spec) if any(ch in spec for ch in "*?[") else name == spec
+
+
+def slug_matches(slug: str, spec: str) -> bool:
+    """A record file name's candidate slug against a catalog spec (for unreadable records)."""
+    if not any(ch in spec for ch in "*?["):
+        return slug == candidate_slug(spec)
+    return fnmatch.fnmatchcase(slug, re.sub(r"[^A-Za-z0-9.*?]+", "-", spec).strip("-"))
 
 
 def _check(rec: Record) -> None:
@@ -417,24 +431,22 @@ class Judge:
         return newest_first(lr for lr in self.records
                             if lr.record.model.get("name") == row.model
                             and lr.record.suite.get("name") == row.suite
-                            and (spec is None or lr.record.candidate.name == spec))
+                            and (spec is None or spec_matches(lr.record.candidate.name, spec)))
 
     def current_record(self, row: Row, spec: str | None) -> Loaded | None:
         return next((lr for lr in self.matching(row, spec) if lr.record.id not in self.sup), None)
 
     def warnings(self, row: Row, spec: str | None) -> tuple[str, ...]:
         model_dir = row.model.strip("/").replace("/", "--")
-        specs = {self._spec_slug(c, row) for c in self.catalog.columns}
+        specs = [row.spec(c) for c in self.catalog.columns]
         out = []
         for b in self.broken:
             if b.model != model_dir or b.suite != row.suite:
                 continue
-            if spec is None or b.slug == candidate_slug(spec) or b.slug not in specs:
+            if (spec is None or slug_matches(b.slug, spec)
+                    or not any(slug_matches(b.slug, s) for s in specs)):
                 out.append(f"{WARN} unreadable record {b.path}")
         return tuple(out)
-
-    def _spec_slug(self, col: Column, row: Row) -> str:
-        return candidate_slug(row.spec(col))
 
     def cell(self, row: Row, col: Column) -> Cell:
         spec = row.spec(col)
@@ -763,7 +775,7 @@ def history(ws: Workspace, catalog: Catalog, row_id: str, column: str | None = N
     newer: dict[str, str] = {}
     for lr in judge.matching(row, None):
         rec = lr.record
-        if column is not None and rec.candidate.name not in specs:
+        if column is not None and not any(spec_matches(rec.candidate.name, s) for s in specs):
             continue
         state, text = judge_record(rec, row.prove)
         why = judge.stale(lr)

@@ -238,3 +238,16 @@ def test_row_specific_candidate_configuration(ws: Workspace) -> None:
     assert cell(ws).state == "todo"
     make_record(ws, candidate="hf:dtype=bfloat16")
     assert cell(ws).state == "pass"
+
+
+def test_a_glob_column_collects_every_option_string_of_one_engine(ws: Workspace) -> None:
+    from harness.features import slug_matches, spec_matches
+
+    assert spec_matches("vllm@0.31.0", "vllm@*") and not spec_matches("vllm", "vllm@*")
+    assert spec_matches("hf", "hf") and not spec_matches("hf:dtype=bfloat16", "hf")
+    assert slug_matches("vllm-0.31.0", "vllm@*") and not slug_matches("hf", "vllm@*")
+    p = ws.root / "features.toml"
+    p.write_text(CATALOG.replace('candidate = "cpp"', 'candidate = "vllm@*"'))
+    make_record(ws, candidate="vllm@0.31.0")
+    assert cell(ws, col="cpp").state == "pass"
+    assert cell(ws, col="hf").state == "todo"

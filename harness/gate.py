@@ -211,7 +211,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     gates = tuple(s.name for s in suite.comparators if s.gate)
 
     # The vacuous-gate guard: planted mutations against these goldens must fail (see controls.py).
-    controls = suite_controls(suite, golden, model.decode)
+    controls = suite_controls(suite, golden, model.decode, getattr(runner, "capabilities", None))
     outcome, vacuous = guard(outcome_of(verdicts, gates), controls, gates)
     summary = summarize(suite, verdicts, golden.cases)
     if outcome == "vacuous":

@@ -372,3 +372,19 @@ def test_degenerate_page_captures_are_vacuous(captured, needle: str) -> None:  #
     controls = page_controls("byte_equal", byte_equal, captured)
     assert needle in by(controls, GOLDEN_CHECK + " pages").note
     assert guard("pass", controls, ["byte_equal"])[0] == "vacuous"
+
+
+def test_suite_controls_follow_the_candidates_capabilities() -> None:
+    from harness.capabilities import Capabilities
+    from harness.controls import suite_controls
+    from harness.suites import find_suite
+
+    suite = find_suite(REPO_ROOT / "suites", "smoke")
+    g = golden()
+    full = suite_controls(suite, g)
+    assert {c.comparator for c in full} == {"strict", "near_tie"}
+    text_only = suite_controls(suite, g, capabilities=Capabilities(token_ids=False))
+    # near_tie is impossible without ids (it judged nothing, so nothing to guard); strict judged
+    # text, and its mutations bite on text too
+    assert {c.comparator for c in text_only} == {"strict"}
+    assert all(c.ok for c in text_only), text_only

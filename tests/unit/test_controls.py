@@ -388,3 +388,26 @@ def test_suite_controls_follow_the_candidates_capabilities() -> None:
     # text, and its mutations bite on text too
     assert {c.comparator for c in text_only} == {"strict"}
     assert all(c.ok for c in text_only), text_only
+
+
+def long_output(cid: str, n: int = 256, k: int = 20, seed: int = 0) -> Output:
+    """A top-k output (mass 0.8 in the top-k) long enough for drift to judge."""
+    rng = np.random.default_rng(seed)
+    ids = np.stack([rng.permutation(512)[:k] for _ in range(n)]).astype(np.int32)
+    lg = np.sort(rng.standard_normal((n, k)) * 2, axis=1)[:, ::-1]
+    lp = (lg - np.log(np.exp(lg).sum(axis=1, keepdims=True) * 1.25)).astype(np.float32)
+    return Output(cid, tuple(int(x) for x in ids[:, 0]), "", ids, lp, lp[:, 0].copy())
+
+
+def test_drift_controls_bite_and_a_drift_without_a_bar_is_vacuous() -> None:
+    from harness.compare.drift import Drift
+
+    outs = {f"h{i}": long_output(f"h{i}", seed=i) for i in range(2)}
+    good = run_controls(Drift(max_slope_per_1k=1e-4), cases(2), outs)
+    assert all(c.ok for c in good), good
+    assert guard("pass", run_controls(Drift(max_slope_per_1k=1e9), cases(2), outs), ["drift"])[0] \
+        == "vacuous"
+    g = golden()  # 32 positions: drift has no slope to judge, so a drift gate there cannot fail
+    short = run_controls(Drift(), g.cases, g.outputs)
+    assert by(short, "KL ramp above slope bar").got == "unplantable"
+    assert guard("pass", short, ["drift"])[0] == "vacuous"

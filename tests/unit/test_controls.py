@@ -402,8 +402,9 @@ def long_output(cid: str, n: int = 256, k: int = 20, seed: int = 0) -> Output:
 def test_drift_controls_bite_and_a_drift_without_a_bar_is_vacuous() -> None:
     from harness.compare.drift import Drift
 
-    outs = {f"h{i}": long_output(f"h{i}", seed=i) for i in range(2)}
+    outs = {f"c{i}": long_output(f"c{i}", seed=i) for i in range(2)}
     good = run_controls(Drift(max_slope_per_1k=1e-4), cases(2), outs)
+    assert by(good, "KL ramp above slope bar").got == "fail 2/2"
     assert all(c.ok for c in good), good
     assert guard("pass", run_controls(Drift(max_slope_per_1k=1e9), cases(2), outs), ["drift"])[0] \
         == "vacuous"

@@ -7,13 +7,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Runner, Verdict
 from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
 from harness.controls import guard, suite_controls
+from harness.distribution import FIGURES, Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
 from harness.goldens import (Golden, GoldenError, golden_dir, read_golden, record_command, staleness,
                              write_golden)
@@ -21,9 +22,10 @@ from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts
 from harness.pin import OraclePin, oracle_pin
 from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
-from harness.records import Outcome, Record, new_record_id, write_record
+from harness.records import Outcome, Record, new_record_id, record_path, write_record
 from harness.speed import Speed, speed_extra
 from harness.suites import Suite, find_suite
+from harness.teacher import run_and_score
 from harness.workspace import Workspace
 
 Transform = Callable[[Sequence[Output]], list[Output]]
@@ -99,11 +101,13 @@ def load_or_record(ws: Workspace, model: ModelRef, suite: Suite, *, auto_record:
 
 def judge(golden: Golden, outputs: Mapping[str, Output], suite: Suite,
           decode: Callable[[Sequence[int]], str] | None,
-          capabilities: Capabilities | None = None) -> list[Verdict]:
+          capabilities: Capabilities | None = None,
+          scores: Mapping[str, Output] | None = None) -> list[Verdict]:
     """Every configured comparator over every case.
 
     ``capabilities`` (what the candidate could return): a comparator it makes impossible answers
     ``skip`` with the reason; ``strict`` judges text when there are no token ids.
+    ``scores``: the candidate's teacher-forced scores, judged by the distribution comparators.
     """
     verdicts = []
     for spec in suite.comparators:
@@ -111,8 +115,9 @@ def judge(golden: Golden, outputs: Mapping[str, Output], suite: Suite,
         if isinstance(comp, str):
             verdicts += [impossible_verdict(case, spec.name, comp) for case in golden.cases]
             continue
+        source = scores if scores is not None and getattr(comp, "needs_scores", False) else outputs
         for case in golden.cases:
-            cand = outputs.get(case.id) or Output(case.id, (), error="candidate returned no output")
+            cand = source.get(case.id) or Output(case.id, (), error="candidate returned no output")
             verdicts.append(comp.compare(golden.outputs[case.id], cand, case))
     return verdicts
 
@@ -157,7 +162,7 @@ def summarize(suite: Suite, verdicts: Sequence[Verdict], cases: Sequence[Case]) 
 def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
              auto_record: bool = True, transform: Transform | None = None,
              runner: Runner | None = None, write: bool = True, concurrency: int | None = None,
-             oracle_speed: bool | Speed = False) -> GateResult:
+             oracle_speed: bool | Speed | str = False) -> GateResult:
     """Run one gate and write its record.
 
     ``transform`` rewrites the candidate's outputs before judging (planted mutations in tests);
@@ -165,7 +170,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     ``concurrency``: requests in flight (None: the runner's default). ``oracle_speed``: also replay
     the cases on the pinned vLLM at the same concurrency, after the candidate has stopped, so the
     record can state a candidate/oracle speed ratio (one more engine start); a :class:`Speed`
-    measured earlier in the same session (``make matrix``) is used as is.
+    measured earlier in the same session (``make matrix``) is used as is; a string says why not.
     """
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
@@ -180,15 +185,31 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     runner = runner or make_runner(candidate, model, RunnerContext(run_dir=ws.runs, concurrency=concurrency))
     outputs: dict[str, Output] = {}
     extra: dict[str, Any] = {}
+    dist: Distribution | None = None
+    caps = getattr(runner, "capabilities", None)
+    comps = [c for s in suite.comparators
+             if not isinstance(c := comparator_for(s.name, s.params, model.decode, caps), str)]
     t1 = time.perf_counter()
     try:
         runner.start()
-        produced = runner.run(golden.cases, golden.sampling)
+        how, scores = "", None
+        if wants_scores(comps):  # KL / drift / NMSE: the candidate also scores the oracle's sequences
+            scored = run_and_score(runner, golden.cases, golden.sampling, golden.outputs)
+            produced, how = scored.outputs, scored.how
+            scores = {o.case_id: o for o in scored.scores}
+        else:
+            produced = runner.run(golden.cases, golden.sampling)
         if transform is not None:
             produced = transform(produced)
         outputs = {o.case_id: o for o in produced}
+        if how == "until-first-divergence":
+            scores = outputs  # the engine cannot score: its own (transformed) outputs stand in
         t2 = time.perf_counter()
-        verdicts = judge(golden, outputs, suite, model.decode, getattr(runner, "capabilities", None))
+        caps = getattr(runner, "capabilities", None) or caps  # servers detect theirs while running
+        verdicts = judge(golden, outputs, suite, model.decode, caps, scores)
+        if scores is not None:
+            dist = judge_run(comps, golden.cases, golden.outputs, scores, how)
+            verdicts += list(dist.verdicts) if dist else []
         timings["compare_s"] = time.perf_counter() - t2
     except (EngineRefused, EngineFailed) as e:
         status = "refused" if isinstance(e, EngineRefused) else "error"
@@ -232,5 +253,12 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
         verdicts=tuple(verdicts), gates=gates, timings=timings, controls=tuple(controls),
         platform=platform_facts(),
         extra=extra)
+    if dist is not None:
+        record = replace(record, summary=f"{record.summary} — {dist.summary()}", extra={
+            **record.extra, "distribution": {**dist.to_json(), "figures": {
+                k: f"{record.id}.{k}.png" for k in FIGURES}}})
+        if write:  # the pictures go beside the record
+            dist.write_figures(record_path(ws.records, record).parent, record.id,
+                               f"{model.name} / {suite.name}: {runner.name} vs oracle")
     path = write_record(ws.records, record) if write else Path()
     return GateResult(record, path, golden)

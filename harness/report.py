@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -36,10 +37,23 @@ def verdict_table(rec: Record) -> Table:
     return t
 
 
+def print_distribution(rec: Record, path: str, con: Console) -> None:
+    """The KL table and drift profile of a record, and where its pictures are."""
+    dist = rec.extra.get("distribution")
+    if not isinstance(dist, dict):
+        return
+    for line in dist.get("lines", ()):
+        con.print(Text(line))
+    folder = Path(path).parent if path else None
+    for key, name in sorted(dist.get("figures", {}).items()):
+        con.print(Text(f"figure {key}: {folder / name if folder else name}", style="cyan"))
+
+
 def print_record(rec: Record, path: str = "", console: Console | None = None,
                  details: bool = True) -> None:
     con = console or Console()
     con.print(verdict_table(rec))
+    print_distribution(rec, path, con)
     if details:
         for v in rec.verdicts:
             if v.status in ("fail", "error", "refused") and v.detail and v.comparator in rec.gates:

@@ -84,16 +84,17 @@ def _rows(out: Output, side: str, case_id: str) -> tuple[np.ndarray, np.ndarray]
 def lookup(ids: np.ndarray, lp: np.ndarray, want: np.ndarray) -> np.ndarray:
     """``lp`` of ``want[r, j]`` in row ``r`` of (ids, lp), NaN where row ``r`` does not hold it.
 
-    Vectorised over all rows: a [n, kw, k] comparison for small k, a scatter into [n, V] otherwise.
+    Vectorised over all rows: k whole-array passes for small k, a scatter into [n, V] otherwise.
     """
     n, k = ids.shape
     kw = want.shape[1]
     if n == 0:
         return np.empty((0, kw))
-    if kw * k <= 4096:
-        eq = want[:, :, None] == ids[:, None, :]
-        got = np.where(eq, lp[:, None, :], -np.inf).max(axis=2)
-        return np.where(eq.any(axis=2), got, np.nan)
+    if k <= 64:
+        got = np.full((n, kw), np.nan)
+        for j in range(k):  # ids are unique within a row: at most one j matches
+            np.copyto(got, lp[:, j:j + 1], where=want == ids[:, j:j + 1])
+        return got
     vocab = int(max(ids.max(), want.max())) + 1
     dense = np.full((n, vocab), np.nan)
     rows = np.arange(n)[:, None]

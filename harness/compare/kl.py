@@ -61,10 +61,10 @@ def kl_topk_rest(o_ids: np.ndarray, o_lp: np.ndarray, c_ids: np.ndarray, c_lp: n
     """KL over the partition {ids both sides hold} + {rest}, per row. A lower bound of the true KL."""
     c_at = lookup(c_ids, c_lp, o_ids)
     has = ~np.isnan(c_at)
-    c_at = np.where(has, c_at, 0.0)
-    p = np.where(has, np.exp(o_lp), 0.0)
-    q = np.where(has, np.exp(c_at), 0.0)
-    shared = np.where(has, p * (o_lp - c_at), 0.0).sum(axis=1)
+    np.copyto(c_at, o_lp, where=~has)  # ids only the oracle holds: no shared term (p is 0 there)
+    p = np.exp(o_lp) * has
+    q = np.exp(c_at) * has
+    shared = (p * (o_lp - c_at)).sum(axis=1)
     p_rest = np.clip(1.0 - p.sum(axis=1), 0.0, 1.0)
     q_rest = np.clip(1.0 - q.sum(axis=1), REST_FLOOR, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):

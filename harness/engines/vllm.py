@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,10 @@ from harness.speed import Speed
 from harness.teacher import scored_output
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
+
+# Messages by which vLLM says "this configuration is not supported here" (a refusal, not a crash).
+REFUSAL_MARKERS = ("No common block size", "requires x86 with AVX-512", "not supported",
+                   "Unsupported", "does not support", "requires", "must be a multiple")
 
 # Measured on a 2-core / 24 GiB CPU box: vLLM's default memory fraction (0.92) is refused there.
 DEFAULT_MEM_FRACTION = float(os.environ.get("HARNESS_VLLM_MEM_FRACTION", "0.3"))
@@ -125,7 +130,10 @@ class VLLMRunner:
             raise EngineRefused(head["reason"])
         if head.get("kind") != "meta" or proc.returncode != 0:
             reason = head.get("reason") or f"vLLM worker exited with {proc.returncode}"
-            raise EngineFailed(reason, self._tail())
+            cause = root_cause(self._tail(200_000))
+            if cause is not None and cause[0] == "refused":
+                raise EngineRefused(cause[1])
+            raise EngineFailed(cause[1] if cause else reason, self._tail())
         self.meta = head
         self.timings = {**head["timings"], "output_tokens": head["output_tokens"]}
         if "ttft_s" in head:
@@ -156,6 +164,27 @@ class VLLMRunner:
 
     def close(self) -> None:
         """The child process has exited by the time ``run`` returns."""
+
+
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+?)\s*$")
+_WRAPPERS = ("Engine core initialization failed", "Worker failed with error", "See root cause above")
+
+
+def root_cause(log: str) -> tuple[str, str] | None:
+    """("refused"|"error", "ValueError: ...") for the first real exception in an engine log.
+
+    vLLM raises configuration errors inside its engine-core / worker processes; the parent only
+    sees "Engine core initialization failed. See root cause above". The first exception line that
+    is not such a wrapper is the engine's own reason.
+    """
+    for line in log.splitlines():
+        m = _ERROR_LINE.search(line)
+        if m and not any(w in m.group(2) for w in _WRAPPERS):
+            text = f"{m.group(1)}: {m.group(2)}"
+            refused = m.group(1) in ("ValueError", "NotImplementedError") and any(
+                k in text for k in REFUSAL_MARKERS)
+            return ("refused" if refused else "error"), text
+    return None
 
 
 def _installed_version(python: str) -> str:

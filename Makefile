@@ -9,10 +9,12 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv gate record test test-unit lint show list features features-check
+.PHONY: help venv gate record test test-unit lint show list features features-check ab bench
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
+	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
+	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
@@ -56,3 +58,12 @@ features: venv
 
 features-check: venv
 	$(BIN)/harness features --check --tracked
+
+# A/B configuration gate. SUITE defaults to ab_smoke here (full-vocab logprobs, 256 tokens).
+A ?= vllm
+B ?= vllm:dtype=bfloat16
+ab: venv
+	$(BIN)/harness ab --model '$(MODEL)' --suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),ab_smoke)' --a '$(A)' --b '$(B)'
+
+bench: venv
+	$(BIN)/python benchmarks/compare_throughput.py

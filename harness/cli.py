@@ -59,6 +59,28 @@ def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
     return 0 if res.record.outcome == "pass" else 1
 
 
+def _ab_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--suite", default="ab_smoke")
+    p.add_argument("--a", required=True, metavar="SPEC", help="reference configuration, e.g. vllm")
+    p.add_argument("--b", required=True, metavar="SPEC",
+                   help="configuration under test, e.g. vllm:dtype=bfloat16 or hf:kv=quanto-int4")
+
+
+@command("ab", "A/B gate: one engine, two configurations: KL, drift, agreement, throughput, KV capacity",
+         _ab_args)
+def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.ab import ab_lines, run_ab
+    from harness.report import print_record
+
+    res = run_ab(ws, a.model, a.suite, a.a, a.b)
+    print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
+                 else str(res.path), console)
+    for line in ab_lines(res.record):
+        console.print(line, highlight=False)
+    return 0 if res.record.outcome == "pass" else 1
+
+
 @command("record", "(re-)record goldens with the pinned vLLM oracle", _model_suite)
 def cmd_record(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.gate import record_goldens

@@ -29,9 +29,10 @@ class Scorer(Protocol):
     """A runner that can also score given sequences (teacher forcing), in the same engine start."""
 
     def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
-                      continuations: Mapping[str, Sequence[int]], k: int
+                      continuations: Mapping[str, Sequence[int]] | None, k: int
                       ) -> tuple[list[Output], list[Output]]:
-        """Generate every case as :meth:`Runner.run` does, then score ``prompt + continuations[id]``.
+        """Generate every case as :meth:`Runner.run` does, then score ``prompt + continuations[id]``
+        (``continuations`` None: score its own generations, the control of an A/B arm).
 
         A score is an :class:`Output` whose ``token_ids`` are the continuation and whose rows are
         the engine's top-``k`` logprobs (all of them when ``k`` is the vocabulary size) before each

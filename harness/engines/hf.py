@@ -79,10 +79,13 @@ class HFRunner:
         return outs
 
     def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
-                      continuations: Mapping[str, Sequence[int]], k: int
+                      continuations: Mapping[str, Sequence[int]] | None, k: int
                       ) -> tuple[list[Output], list[Output]]:
-        """Generate, then score prompt + ``continuations`` through the same KV cache path."""
+        """Generate, then score prompt + ``continuations`` (None: its own outputs) through the same
+        KV cache path."""
         outs = self.run(cases, sampling)
+        if continuations is None:
+            continuations = {o.case_id: o.token_ids for o in outs if o.error is None}
         scores = []
         t0 = time.perf_counter()
         for case in cases:

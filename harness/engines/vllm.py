@@ -85,25 +85,28 @@ class VLLMRunner:
         """Nothing to do here: the child process starts the engine and runs the batch at once."""
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
-        return self._work(cases, sampling, None, 0)[0]
+        return self._work(cases, sampling, None)[0]
 
     def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
-                      continuations: Mapping[str, Sequence[int]], k: int
+                      continuations: Mapping[str, Sequence[int]] | None, k: int
                       ) -> tuple[list[Output], list[Output]]:
-        """Generate, then score prompt + ``continuations`` (``prompt_logprobs``), in one engine start."""
-        return self._work(cases, sampling, continuations, k)
+        """Generate, then score prompt + ``continuations`` (``prompt_logprobs``; None: its own
+        generations), in one engine start."""
+        if continuations is None:
+            return self._work(cases, sampling, {"logprobs": k, "own": True})
+        return self._work(cases, sampling, {"logprobs": k, "sequences": [
+            {"id": c.id, "prompt_ids": list(c.prompt_ids), "continuation_ids": list(continuations[c.id])}
+            for c in cases if c.id in continuations]})
 
-    def _work(self, cases: Sequence[Case], sampling: Sampling,
-              continuations: Mapping[str, Sequence[int]] | None, k: int) -> tuple[list[Output], list[Output]]:
+    def _work(self, cases: Sequence[Case], sampling: Sampling, score: dict[str, Any] | None
+              ) -> tuple[list[Output], list[Output]]:
         work = Path(tempfile.mkdtemp(prefix="vllm-", dir=self.run_dir))
         req, res = work / "request.json", work / "result.jsonl"
         self.log_path = work / "engine.log"
         engine = dict(self.settings)
+        k = int(score["logprobs"]) if score else 0
         if max(sampling.logprobs, k) > 20 and "max_logprobs" not in engine:
             engine["max_logprobs"] = -1  # vLLM keeps at most 20 unless told otherwise
-        score = None if continuations is None else {"logprobs": k, "sequences": [
-            {"id": c.id, "prompt_ids": list(c.prompt_ids), "continuation_ids": list(continuations[c.id])}
-            for c in cases if c.id in continuations]}
         req.write_text(json.dumps({
             "model": self.model.path, "engine": engine, "sampling": sampling.to_json(),
             "sampling_extra": self.sampling_extra,

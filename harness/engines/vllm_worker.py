@@ -13,7 +13,8 @@ RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one l
 {"kind": "case", "id", "token_ids", "text", "top_ids", "top_logprobs", "chosen_logprobs",
 "finish_reason"}. An optional "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
 "continuation_ids"}]} in the request adds one {"kind": "score", ...} line per sequence: the
-engine's logprobs at every position of the given continuation (teacher forcing).
+engine's logprobs at every position of the given continuation (teacher forcing); with "own": true
+instead of "sequences" it scores its own generations.
 An engine start failure writes {"kind": "refused"|"error", "reason", ...} and exits 3.
 
 One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
@@ -159,7 +160,13 @@ def main(request_path: str, result_path: str) -> int:
             results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
         t_gen = time.perf_counter() - t1
         n_out = sum(len(r.outputs[0].token_ids) for r in results)
-        scored, t_score = _score(llm, SamplingParams, req.get("score"), int(s.get("seed", 0)))
+        score = req.get("score")
+        if score and score.get("own"):  # score the sequences just generated (an A/B arm's control)
+            score = {**score, "sequences": [
+                {"id": c["id"], "prompt_ids": c["prompt_ids"],
+                 "continuation_ids": [int(t) for t in r.outputs[0].token_ids]}
+                for c, r in zip(req["cases"], results, strict=True)]}
+        scored, t_score = _score(llm, SamplingParams, score, int(s.get("seed", 0)))
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
         _write(out, {
             "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),

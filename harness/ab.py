@@ -1,0 +1,329 @@
+"""The A/B configuration gate: one engine, two configurations, the same workload.
+
+A is the reference configuration (``vllm``, ``hf``), B the configuration under test
+(``vllm:dtype=bfloat16``, ``vllm:kv_cache_dtype=fp8``, ``hf:kv=quanto-int4``). No goldens: both
+arms run now, A first, then B, each in one engine start.
+
+* A generates greedily and scores its own sequences (the control: how far the scoring path is from
+  the generating path, the floor under every KL below).
+* B generates greedily (strict / near-tie agreement with A, throughput) and scores A's sequences
+  (teacher forcing: KL, drift and NMSE at every position, judged by the suite's bars).
+* B's own generation is also compared with A's until their first divergence, on the decode path of
+  both (vLLM scores through one prefill, where a KV-cache change can hide inside the chunk).
+* Throughput B/A (output tokens per second of generation) and KV capacity B/A read from the engine
+  (vLLM: blocks x block size; transformers: bytes its cache tensors hold per cached token).
+
+A B configuration the engine refuses (vLLM's fp8 KV cache on a CPU without AVX-512) gives a
+``refused`` record with the engine's reason, not a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling, Verdict
+from harness.compare import build
+from harness.compare.explain import engine_error
+from harness.controls import guard, suite_controls
+from harness.distribution import FIGURES, Distribution, judge_run, measure_arm
+from harness.engines import RunnerContext, make_runner, split_spec
+from harness.models import ModelRef, resolve_model
+from harness.models.arch import model_facts
+from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
+from harness.records import Outcome, Record, new_record_id, record_path, write_record
+from harness.stats import AccuracyTest, StatsError
+from harness.suites import Suite, SuiteError, find_suite
+from harness.teacher import Scorer
+from harness.workspace import Workspace
+
+Transform = Callable[[list[Output]], list[Output]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Arm:
+    """What one configuration produced."""
+
+    spec: str
+    info: EngineInfo
+    outputs: dict[str, Output] = field(default_factory=dict)
+    scores: dict[str, Output] = field(default_factory=dict)
+    """A: its own sequences rescored (control). B: A's sequences scored (teacher forcing)."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    capacity: Mapping[str, Any] = field(default_factory=dict)
+    refused: str | None = None
+    error: str | None = None
+    log_tail: str = ""
+
+    @property
+    def ran(self) -> bool:
+        return self.refused is None and self.error is None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        n, s = self.timings.get("output_tokens"), self.timings.get("generate_s")
+        return float(n) / float(s) if n and s else None
+
+
+@dataclass(frozen=True, slots=True)
+class ArmGolden:
+    """An arm's outputs in the shape the vacuous-gate guard reads goldens in."""
+
+    cases: tuple[Case, ...]
+    outputs: Mapping[str, Output]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ABResult:
+    record: Record
+    path: Path
+    a: Arm
+    b: Arm
+
+
+def kv_capacity(runner: Any) -> dict[str, Any]:
+    """How much KV cache the engine holds, as the engine reports it."""
+    meta = getattr(runner, "meta", None) or {}
+    if meta.get("num_gpu_blocks") and meta.get("block_size"):
+        nb, bs = int(meta["num_gpu_blocks"]), int(meta["block_size"])
+        return {"tokens": nb * bs, "blocks": nb, "block_size": bs, "cache_dtype": meta.get("cache_dtype"),
+                "source": "vLLM cache_config.num_gpu_blocks x block_size"}
+    facts = getattr(runner, "kv_facts", None) or {}
+    if facts.get("kv_bytes_per_token"):
+        return {"bytes_per_token": float(facts["kv_bytes_per_token"]),
+                "at_cached_tokens": int(facts["cached_tokens"]), "kv_bytes": int(facts["kv_bytes"]),
+                "source": "bytes held by the transformers cache tensors (quantized data, scales, "
+                          "full-precision residual) after the longest case"}
+    return {}
+
+
+def capacity_ratio(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
+    """KV capacity of B over A: more tokens, or fewer bytes per token, is more capacity."""
+    if a.get("tokens") and b.get("tokens"):
+        return float(b["tokens"]) / float(a["tokens"])
+    if a.get("bytes_per_token") and b.get("bytes_per_token"):
+        return float(a["bytes_per_token"]) / float(b["bytes_per_token"])
+    return None
+
+
+def run_arm(spec: str, model: ModelRef, cases: Sequence[Case], sampling: Sampling, k: int,
+            continuations: Mapping[str, Sequence[int]] | None, run_dir: Path) -> Arm:
+    """Generate and score with one configuration; a refusal or crash is kept, not raised."""
+    runner = make_runner(spec, model, RunnerContext(run_dir=run_dir))
+    try:
+        runner.start()
+        if isinstance(runner, Scorer):
+            outs, scores = runner.run_and_score(cases, sampling, continuations, k)
+        else:  # cannot score: its own outputs stand in, judged until the first divergence
+            outs = runner.run(cases, sampling)
+            scores = outs
+        return Arm(spec, runner.info(), {o.case_id: o for o in outs}, {s.case_id: s for s in scores},
+                   dict(getattr(runner, "timings", {})), kv_capacity(runner))
+    except EngineRefused as e:
+        return Arm(spec, _info(runner, spec), refused=str(e))
+    except EngineFailed as e:
+        return Arm(spec, _info(runner, spec), error=str(e), log_tail=e.log_tail)
+    finally:
+        runner.close()
+
+
+def _info(runner: Any, spec: str) -> EngineInfo:
+    try:
+        return runner.info()
+    except Exception:  # noqa: BLE001 - an engine that failed to start may not know its version
+        return EngineInfo(spec, split_spec(spec)[0], "unknown")
+
+
+def agreement(a: Arm, b: Arm, cases: Sequence[Case], threshold_nats: float,
+              decode: Callable[[Sequence[int]], str] | None) -> tuple[list[Verdict], dict[str, Any]]:
+    """strict and near-tie of B's own generation against A's, per case, and the counts."""
+    strict, tie = build("strict", {}, decode), build("near_tie", {"threshold_nats": threshold_nats}, decode)
+    out = []
+    for case in cases:
+        o = a.outputs.get(case.id) or Output(case.id, (), error="arm A returned no output")
+        c = b.outputs.get(case.id) or Output(case.id, (), error="arm B returned no output")
+        out += [strict.compare(o, c, case), tie.compare(o, c, case)]
+    s = [v for v in out if v.comparator == "strict"]
+    t = [v for v in out if v.comparator == "near_tie"]
+    matched = sum(int(v.evidence.get("matched", 0)) for v in s)
+    total = sum(int(v.evidence.get("tokens", 0)) for v in s)
+    return out, {"cases": len(cases), "strict": sum(v.status == "pass" for v in s),
+                 "near_tie": sum(v.status == "pass" for v in t), "tokens_matched": matched,
+                 "tokens": total, "near_tie_threshold_nats": threshold_nats}
+
+
+def _accuracy_plan(suite: Suite) -> dict[str, Any] | None:
+    table = suite.extra.get("accuracy")
+    if not isinstance(table, dict):
+        return None
+    try:
+        t = AccuracyTest.from_suite(table, str(suite.path))
+    except StatsError as e:
+        raise SuiteError(str(e)) from None
+    return {**t.to_json(), "note": "planning numbers: B passes when B >= A - threshold; drops smaller "
+                                   "than the MDE can slip through. No task set is scored here."}
+
+
+def _refusal_verdicts(suite: Suite, cases: Sequence[Case], arm: Arm, role: str) -> list[Verdict]:
+    status = "refused" if arm.refused else "error"
+    reason = arm.refused or arm.error or ""
+    head = f"{status}: arm {role} ({arm.spec}): {reason.splitlines()[0][:160] if reason else ''}"
+    detail = reason + (f"\n--- engine log tail ---\n{arm.log_tail}" if arm.log_tail else "")
+    names = dict.fromkeys(["strict", "near_tie", *(s.name for s in suite.comparators)])
+    return [Verdict(c.id, n, status, head, detail, {"reason": reason, "arm": role})  # type: ignore[arg-type]
+            for n in names for c in cases]
+
+
+def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec: str, *,
+           write: bool = True, transform_b: Transform | None = None) -> ABResult:
+    """Run the A/B gate and write its record (and its pictures beside it).
+
+    ``transform_b`` rewrites B's scores before judging (planted mutations in tests).
+    """
+    model = resolve_model(model_name, ws)
+    suite = find_suite(ws.suites, suite_name)
+    cases = suite.build_cases(model.encode)
+    sampling = suite.sampling
+    k = sampling.logprobs
+    ws.runs.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    a = run_arm(a_spec, model, cases, sampling, k, None, ws.runs)
+    timings["a_wall_s"] = time.perf_counter() - t0
+    if a.ran:
+        t0 = time.perf_counter()
+        conts = {cid: o.token_ids for cid, o in a.outputs.items() if o.error is None}
+        b = run_arm(b_spec, model, cases, sampling, k, conts, ws.runs)
+        timings["b_wall_s"] = time.perf_counter() - t0
+    else:
+        b = Arm(b_spec, EngineInfo(b_spec, split_spec(b_spec)[0], "not run"),
+                error="not run: arm A could not run")
+    for role, arm in (("a", a), ("b", b)):
+        timings.update({f"{role}_{key}": float(v) for key, v in arm.timings.items()})
+
+    gates = tuple(s.name for s in suite.comparators if s.gate)
+    facts: dict[str, Any] = {
+        role: {"spec": arm.spec, "capacity": dict(arm.capacity), "tokens_per_s": arm.tokens_per_s}
+        for role, arm in (("a", a), ("b", b))}
+    if (plan := _accuracy_plan(suite)) is not None:
+        facts["accuracy"] = plan
+    dist: Distribution | None = None
+    controls: list = []
+    if not a.ran or not b.ran:
+        bad, role = (a, "A") if not a.ran else (b, "B")
+        verdicts = _refusal_verdicts(suite, cases, bad, role)
+        facts["refused" if bad.refused else "error"] = {"arm": role, "spec": bad.spec,
+                                                        "reason": bad.refused or bad.error}
+        outcome: Outcome = "refused" if bad.refused else "error"
+        summary = f"{suite.name}: B ({b_spec}) vs A ({a_spec}): {verdicts[0].summary}"
+    else:
+        if transform_b is not None:
+            b = replace(b, scores={o.case_id: o for o in transform_b(list(b.scores.values()))})
+        tie = suite.comparator("near_tie")
+        agree, facts["agreement"] = agreement(a, b, cases, float((tie.params if tie else {}).get(
+            "threshold_nats", 0.5)), model.decode)
+        comps = [build(s.name, s.params, model.decode) for s in suite.comparators]
+        verdicts = [v for v in agree if v.comparator in {s.name for s in suite.comparators}]
+        for comp in comps:
+            if getattr(comp, "needs_scores", False):
+                for case in cases:
+                    o = a.outputs[case.id]
+                    c = b.scores.get(case.id) or Output(case.id, (), error="arm B returned no score")
+                    verdicts.append(engine_error(comp.key, o, c, case) or comp.compare(o, c, case))
+        how = "teacher-forced" if all(s.token_ids == a.outputs[cid].token_ids
+                                      for cid, s in b.scores.items() if cid in a.outputs) \
+            else "until-first-divergence"
+        dist = judge_run(comps, cases, a.outputs, b.scores, how, label="B on A's tokens")
+        if dist is None:
+            dist = Distribution((), (measure_arm("B on A's tokens", a.outputs, b.scores, cases),), how)
+        mode = next((getattr(c, "mode", "auto") for c in comps if hasattr(c, "mode")), "auto")
+        dist = Distribution(dist.verdicts, (
+            dist.arms[0],
+            measure_arm("B free-running, until first divergence", a.outputs, b.outputs, cases, mode,
+                        dist.edges),
+            measure_arm("A rescored (control)", a.outputs, a.scores, cases, mode, dist.edges),
+        ), how, dist.edges)
+        verdicts += list(dist.verdicts)
+        controls = suite_controls(suite, ArmGolden(tuple(cases), a.outputs), model.decode)
+        outcome, vacuous = guard(_outcome(verdicts, gates), controls, gates)
+        facts["throughput_ratio_b_over_a"] = (b.tokens_per_s / a.tokens_per_s
+                                              if a.tokens_per_s and b.tokens_per_s else None)
+        facts["kv_capacity_ratio_b_over_a"] = capacity_ratio(a.capacity, b.capacity)
+        ag = facts["agreement"]
+        summary = (f"{suite.name}: B ({b_spec}) vs A ({a_spec}): {ag['strict']}/{ag['cases']} strict, "
+                   f"{ag['near_tie']}/{ag['cases']} near-tie — {dist.summary()}"
+                   + _ratio_text(facts))
+        if outcome == "vacuous":
+            summary += " — VACUOUS: " + "; ".join(vacuous)
+
+    sha = git_sha(ws.root)
+    created = now_utc()
+    record = Record(
+        id=new_record_id(created, sha, f"ab-{b_spec}"), kind="ab", created=created,
+        model={"name": model.name, "digest": model.digest, **model_facts(model.path)},
+        suite={"name": suite.name, "version": suite.version, "digest": suite.digest},
+        oracle={"role": "A (reference configuration)", "spec": a_spec, **a.info.to_json()},
+        candidate=b.info, harness={"sha": sha, "dirty": git_dirty(ws.root)},
+        outcome=outcome, summary=summary, verdicts=tuple(verdicts), gates=gates, timings=timings,
+        controls=tuple(controls), platform=platform_facts(), extra={"ab": facts})
+    if dist is not None:
+        record = replace(record, extra={**record.extra, "distribution": {
+            **dist.to_json(), "figures": {k: f"{record.id}.{k}.png" for k in FIGURES}}})
+        if write:
+            dist.write_figures(record_path(ws.records, record).parent, record.id,
+                               f"{model.name} / {suite.name}: B {b_spec} vs A {a_spec}")
+    path = write_record(ws.records, record) if write else Path()
+    return ABResult(record, path, a, b)
+
+
+def _outcome(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
+    gated = [v.status for v in verdicts if v.comparator in gates]
+    for status in ("fail", "error", "refused"):
+        if status in gated:
+            return status  # type: ignore[return-value]
+    return "pass" if "pass" in gated else "skip"
+
+
+def _ratio_text(facts: Mapping[str, Any]) -> str:
+    parts = []
+    if (t := facts.get("throughput_ratio_b_over_a")) is not None:
+        parts.append(f"throughput B/A {t:.2f}")
+    if (c := facts.get("kv_capacity_ratio_b_over_a")) is not None:
+        parts.append(f"KV capacity B/A {c:.2f}")
+    return (" — " + ", ".join(parts)) if parts else ""
+
+
+def ab_lines(rec: Record) -> list[str]:
+    """The A/B facts of a record, for the console."""
+    f = rec.extra.get("ab")
+    if not isinstance(f, dict):
+        return []
+    out = [f"A: {f['a']['spec']}   B: {f['b']['spec']}"]
+    for role in ("a", "b"):
+        tps, cap = f[role].get("tokens_per_s"), f[role].get("capacity") or {}
+        what = (f"{cap['tokens']} tokens ({cap['blocks']} blocks x {cap['block_size']})" if "tokens" in cap
+                else f"{cap['bytes_per_token']:.1f} KV bytes/token at {cap['at_cached_tokens']} tokens"
+                if "bytes_per_token" in cap else "not reported")
+        out.append(f"  {role.upper()}: {tps:.1f} output tokens/s, KV capacity {what}" if tps else
+                   f"  {role.upper()}: KV capacity {what}")
+    if "agreement" in f:
+        g = f["agreement"]
+        out.append(f"  agreement: {g['strict']}/{g['cases']} strict, {g['near_tie']}/{g['cases']} near-tie, "
+                   f"{g['tokens_matched']}/{g['tokens']} tokens before the first divergence")
+    if f.get("throughput_ratio_b_over_a") is not None:
+        out.append(f"  throughput B/A: {f['throughput_ratio_b_over_a']:.3f}  (generation only; a shared "
+                   "machine makes this noisy)")
+    if f.get("kv_capacity_ratio_b_over_a") is not None:
+        out.append(f"  KV capacity B/A: {f['kv_capacity_ratio_b_over_a']:.3f}")
+    for key in ("refused", "error"):
+        if key in f:
+            out.append(f"  arm {f[key]['arm']} {key.upper()}: {f[key]['reason']}")
+    if "accuracy" in f:
+        p = f["accuracy"]
+        out.append(f"  accuracy test (n {p['n']}, σ {p['sigma']}, α {p['alpha']}, β {p['beta']}): threshold "
+                   f"{p['threshold']:.3g}, minimum detectable effect {p['mde']:.3g}")
+    return out

@@ -177,31 +177,42 @@ def _refusal_verdicts(suite: Suite, cases: Sequence[Case], arm: Arm, role: str) 
             for n in names for c in cases]
 
 
+def run_arms(ws: Workspace, model: ModelRef, suite: Suite, a_spec: str, b_spec: str,
+             a: Arm | None = None) -> tuple[Arm, Arm, dict[str, float]]:
+    """Run arm A (unless given: one A serves several Bs), then arm B on A's sequences."""
+    cases = suite.build_cases(model.encode)
+    k = suite.sampling.logprobs
+    ws.runs.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    if a is None:
+        t0 = time.perf_counter()
+        a = run_arm(a_spec, model, cases, suite.sampling, k, None, ws.runs)
+        timings["a_wall_s"] = time.perf_counter() - t0
+    if not a.ran:
+        return a, Arm(b_spec, EngineInfo(b_spec, split_spec(b_spec)[0], "not run"),
+                      error="not run: arm A could not run"), timings
+    t0 = time.perf_counter()
+    conts = {cid: o.token_ids for cid, o in a.outputs.items() if o.error is None}
+    b = run_arm(b_spec, model, cases, suite.sampling, k, conts, ws.runs)
+    timings["b_wall_s"] = time.perf_counter() - t0
+    return a, b, timings
+
+
 def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec: str, *,
-           write: bool = True, transform_b: Transform | None = None) -> ABResult:
+           write: bool = True, transform_b: Transform | None = None,
+           arms: tuple[Arm, Arm] | None = None) -> ABResult:
     """Run the A/B gate and write its record (and its pictures beside it).
 
-    ``transform_b`` rewrites B's scores before judging (planted mutations in tests).
+    ``transform_b`` rewrites B's scores before judging (planted mutations in tests); ``arms``
+    judges arms that already ran (from :func:`run_arms`) instead of running them again.
     """
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
     cases = suite.build_cases(model.encode)
-    sampling = suite.sampling
-    k = sampling.logprobs
-    ws.runs.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-
-    t0 = time.perf_counter()
-    a = run_arm(a_spec, model, cases, sampling, k, None, ws.runs)
-    timings["a_wall_s"] = time.perf_counter() - t0
-    if a.ran:
-        t0 = time.perf_counter()
-        conts = {cid: o.token_ids for cid, o in a.outputs.items() if o.error is None}
-        b = run_arm(b_spec, model, cases, sampling, k, conts, ws.runs)
-        timings["b_wall_s"] = time.perf_counter() - t0
+    if arms is None:
+        a, b, timings = run_arms(ws, model, suite, a_spec, b_spec)
     else:
-        b = Arm(b_spec, EngineInfo(b_spec, split_spec(b_spec)[0], "not run"),
-                error="not run: arm A could not run")
+        (a, b), timings = arms, {}
     for role, arm in (("a", a), ("b", b)):
         timings.update({f"{role}_{key}": float(v) for key, v in arm.timings.items()})
 
@@ -266,7 +277,8 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
         id=new_record_id(created, sha, f"ab-{b_spec}"), kind="ab", created=created,
         model={"name": model.name, "digest": model.digest, **model_facts(model.path)},
         suite={"name": suite.name, "version": suite.version, "digest": suite.digest},
-        oracle={"role": "A (reference configuration)", "spec": a_spec, **a.info.to_json()},
+        oracle={"role": "A (reference configuration)", "spec": a_spec, "pin": f"A={a_spec}",
+                **a.info.to_json()},
         candidate=b.info, harness={"sha": sha, "dirty": git_dirty(ws.root)},
         outcome=outcome, summary=summary, verdicts=tuple(verdicts), gates=gates, timings=timings,
         controls=tuple(controls), platform=platform_facts(), extra={"ab": facts})

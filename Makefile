@@ -5,6 +5,7 @@ BIN    := $(VENV)/bin
 MODEL     ?= tiny-llama
 SUITE     ?= smoke
 CANDIDATE ?= hf
+CONNECTOR ?=
 PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
@@ -13,6 +14,7 @@ STAMP := $(VENV)/.installed
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
+	@echo "make gate SUITE=kv_roundtrip [CONNECTOR=module:Class]     KV round trip: write, restore, compare pages"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
 	@echo "make test                                                 the project's tests"
@@ -31,7 +33,8 @@ $(STAMP): pyproject.toml requirements/oracle.txt
 	touch $@
 
 gate: venv
-	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)'
+	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)' \
+		$(if $(CONNECTOR),--connector '$(CONNECTOR)')
 
 record: venv
 	$(BIN)/harness record --model '$(MODEL)' --suite '$(SUITE)'

@@ -46,6 +46,9 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate", default="hf", help="engine spec: hf, vllm, hf:dtype=bfloat16, ...")
     p.add_argument("--no-record-goldens", action="store_true",
                    help="fail instead of recording goldens with the oracle when none exist")
+    p.add_argument("--connector", default=None, metavar="MODULE:CLASS",
+                   help="KV suites only: wrap this vLLM KV connector (e.g. ExampleConnector) instead "
+                        "of the harness store")
 
 
 @command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
@@ -53,7 +56,8 @@ def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.gate import run_gate
     from harness.report import print_record
 
-    res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens)
+    res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
+                   connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
     return 0 if res.record.outcome == "pass" else 1

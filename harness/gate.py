@@ -24,7 +24,7 @@ from harness.pin import OraclePin, oracle_pin
 from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
 from harness.records import Outcome, Record, new_record_id, record_path, write_record
 from harness.speed import Speed, speed_extra
-from harness.suites import Suite, find_suite
+from harness.suites import Suite, SuiteError, find_suite
 from harness.teacher import run_and_score
 from harness.workspace import Workspace
 
@@ -162,7 +162,7 @@ def summarize(suite: Suite, verdicts: Sequence[Verdict], cases: Sequence[Case]) 
 def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
              auto_record: bool = True, transform: Transform | None = None,
              runner: Runner | None = None, write: bool = True, concurrency: int | None = None,
-             oracle_speed: bool | Speed | str = False) -> GateResult:
+             oracle_speed: bool | Speed | str = False, connector: str | None = None) -> GateResult:
     """Run one gate and write its record.
 
     ``transform`` rewrites the candidate's outputs before judging (planted mutations in tests);
@@ -174,6 +174,13 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     """
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
+    if "kv" in suite.extra:  # KV round trip: vLLM + a KV connector, judged page by page (harness.kv)
+        from harness.kv.gate import run_kv_gate
+
+        return run_kv_gate(ws, model_name, suite_name, connector, auto_record=auto_record, write=write)
+    if connector:
+        raise SuiteError(f"{suite.path}: a KV connector ({connector}) needs a KV suite (one with a [kv] "
+                         f"table, e.g. kv_roundtrip); {suite.name} has none")
     pin = oracle_pin()
     t0 = time.perf_counter()
     golden, recorded = load_or_record(ws, model, suite, auto_record=auto_record, pin=pin)

@@ -209,6 +209,8 @@ class Capture:
     stored: tuple[Mapping[str, Any], ...]
     """Chunks the harness store wrote (one line each; ``dedup`` lines name skipped re-writes)."""
     refusal: str | None
+    setup: Mapping[str, Any]
+    """The connector's view of the engine: KV-cache groups (index, block_size, layers, paged), tp."""
     capture_seconds: float
     captured_bytes: int
     malformed: tuple[str, ...] = field(default_factory=tuple)
@@ -272,6 +274,7 @@ def read_capture(folder: Path) -> Capture:
     requests: list[RequestFacts] = []
     stored: list[Mapping[str, Any]] = []
     refusal = None
+    setup: dict[str, Any] = {}
     sched = folder / "scheduler.jsonl"
     if sched.exists():
         for n, d in _lines(sched):
@@ -287,10 +290,12 @@ def read_capture(folder: Path) -> Capture:
                     stored.append(d)
                 elif d["t"] == "refused":
                     refusal = str(d["reason"])
+                elif d["t"] == "setup":
+                    setup = d
             except (KeyError, TypeError, ValueError) as e:
                 malformed.append(f"{sched.name}:{n}: {type(e).__name__}: {e}")
     return Capture(folder, tuple(pages), tuple(problems), tuple(requests), tuple(stored), refusal,
-                   seconds, nbytes, tuple(malformed))
+                   setup, seconds, nbytes, tuple(malformed))
 
 
 def worker_rank() -> int:

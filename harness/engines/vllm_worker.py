@@ -98,10 +98,15 @@ def _score(llm, sampling_params, score: dict | None, seed: int) -> tuple[list[di
     return lines, time.perf_counter() - t0
 
 
-def _closed_loop(llm, prompts: list, params, concurrency: int) -> tuple[list, list]:
+def _closed_loop(llm, prompts: list, params, concurrency: int) -> tuple[list, list, float]:
     """Keep ``concurrency`` requests in flight until all are done (how a server is loaded by c
-    clients). Returns the outputs in prompt order and each request's time to first token (s)."""
+    clients). Returns the outputs in prompt order, each request's time to first token (s) and
+    when the clock started (after a warm-up)."""
     engine = llm.llm_engine
+    # Warm-up outside the clock (first-step compilation), shorter than a KV block so that nothing
+    # of it can be served from the prefix cache later.
+    warm = {"prompt_token_ids": prompts[0]["prompt_token_ids"][:8]}
+    llm.generate([warm], type(params)(temperature=0.0, max_tokens=2), use_tqdm=False)
     todo = list(range(len(prompts)))[::-1]
     index, sent, first, done = {}, {}, {}, {}
 
@@ -114,6 +119,7 @@ def _closed_loop(llm, prompts: list, params, concurrency: int) -> tuple[list, li
         if isinstance(got, str):
             index[got] = i  # releases that rename the request answer with the new id
 
+    t_start = time.perf_counter()
     while todo and len(sent) - len(done) < concurrency:
         submit()
     while len(done) < len(prompts):
@@ -127,7 +133,7 @@ def _closed_loop(llm, prompts: list, params, concurrency: int) -> tuple[list, li
                 done[i] = r
                 if todo:
                     submit()
-    return [done[i] for i in range(len(prompts))], [first.get(i) for i in range(len(prompts))]
+    return [done[i] for i in range(len(prompts))], [first.get(i) for i in range(len(prompts))], t_start
 
 
 def main(request_path: str, result_path: str) -> int:
@@ -155,7 +161,7 @@ def main(request_path: str, result_path: str) -> int:
         conc = req.get("concurrency")
         ttft: list = []
         if conc and prompts:
-            results, ttft = _closed_loop(llm, prompts, params, int(conc))
+            results, ttft, t1 = _closed_loop(llm, prompts, params, int(conc))
         else:
             results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
         t_gen = time.perf_counter() - t1

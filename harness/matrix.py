@@ -1,0 +1,111 @@
+"""The vLLM version matrix: one suite, several vLLM releases, one record per release.
+
+``make matrix MODEL=tiny-llama VLLM="0.31.0 0.32.0"`` gates ``vllm@<version>`` for each release,
+each in its own venv (created on first use, see :mod:`harness.engines.venvs`), against the same
+goldens of the pinned oracle. Speed is stated as a ratio to the oracle measured in the same matrix
+run: when the pin is in the list its own run *is* the oracle's measurement (it goes first);
+otherwise the oracle is timed once up front (one engine start), never once per release.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.engines.venvs import VenvError, check_version
+from harness.engines.vllm_release import VLLMReleaseRunner
+from harness.gate import load_or_record, run_gate
+from harness.models import resolve_model
+from harness.pin import oracle_pin
+from harness.speed import Speed, measure_oracle
+from harness.suites import find_suite
+from harness.workspace import Workspace
+
+DEFAULT_CONCURRENCY = 4
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixRow:
+    """One release's outcome in a matrix run."""
+
+    version: str
+    outcome: str
+    summary: str
+    record: Path
+    speed: str
+    """The record's speed statement, e.g. ``candidate/oracle = 0.97x output tok/s at c4``."""
+    venv: dict[str, Any]
+    """Install facts: size, install time (0 when it already existed), packages."""
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "outcome": self.outcome, "summary": self.summary,
+                "record": str(self.record), "speed": self.speed, "venv": self.venv,
+                "wall_s": round(self.wall_s, 1)}
+
+
+def parse_versions(text: str | Sequence[str]) -> list[str]:
+    """``"0.31.0 0.32.0"`` or ``"0.31.0,0.32.0"`` -> checked, de-duplicated, in order."""
+    items = text.replace(",", " ").split() if isinstance(text, str) else list(text)
+    if not items:
+        raise VenvError("give at least one vLLM release, e.g. VLLM=\"0.31.0 0.32.0\"")
+    return list(dict.fromkeys(check_version(v) for v in items))
+
+
+def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequence[str], *,
+               concurrency: int = DEFAULT_CONCURRENCY, auto_record: bool = True,
+               progress: Callable[[str], None] = lambda s: None) -> list[MatrixRow]:
+    pin = oracle_pin().version
+    order = sorted(parse_versions(versions), key=lambda v: v != pin)  # the pin first: it is the oracle
+    model = resolve_model(model_name, ws)
+    suite = find_suite(ws.suites, suite_name)
+    golden, _ = load_or_record(ws, model, suite, auto_record=auto_record)
+    oracle: Speed | str | None = None
+    if pin not in order:
+        progress(f"timing the oracle (vLLM {pin}) at c{concurrency} once for the whole matrix")
+        ws.runs.mkdir(parents=True, exist_ok=True)
+        try:
+            oracle = measure_oracle(model, golden.cases, golden.sampling, concurrency, ws.runs)
+        except Exception as e:  # noqa: BLE001 - speed never blocks the correctness matrix
+            oracle = f"oracle speed run failed: {type(e).__name__}: {e}"[:300]
+    rows = []
+    for v in order:
+        progress(f"vllm@{v}: {'using the oracle venv' if v == pin else 'venv + gate'}")
+        t0 = time.perf_counter()
+        runner = VLLMReleaseRunner(model, v, {}, name=f"vllm@{v}", run_dir=ws.runs, concurrency=concurrency)
+        if v == pin:
+            speed_arg: Speed | bool | str = (f"vllm@{v} is the oracle's own release: its speed is the "
+                                             f"oracle's for the other releases of this matrix")
+        else:
+            speed_arg = oracle if oracle is not None else False
+        res = run_gate(ws, model_name, suite_name, f"vllm@{v}", runner=runner, concurrency=concurrency,
+                       oracle_speed=speed_arg, auto_record=False)
+        if v == pin and runner.speed is not None:
+            oracle = runner.speed
+        rec = res.record
+        venv = dict(rec.candidate.settings.get("venv", {}))
+        rows.append(MatrixRow(v, rec.outcome, rec.summary, res.path,
+                              str(rec.extra.get("speed", {}).get("statement", "")), venv,
+                              time.perf_counter() - t0))
+        progress(f"vllm@{v}: {rec.outcome} — {rec.summary}")
+    return rows
+
+
+def print_matrix(rows: Sequence[MatrixRow], root: Path, console: Any) -> None:
+    from rich.table import Table
+
+    from harness.report import status_text
+
+    t = Table(title="vLLM matrix")
+    for col in ("release", "outcome", "summary", "speed", "venv", "record"):
+        t.add_column(col)
+    for r in rows:
+        v = r.venv
+        venv = ("oracle's own" if v.get("shared_with_oracle") else
+                f"{v.get('size_mib', '?')} MiB, installed in {v.get('install_s', '?')} s") if v else ""
+        rec = r.record.relative_to(root) if r.record.is_relative_to(root) else r.record
+        t.add_row(f"vllm@{r.version}", status_text(r.outcome), r.summary, r.speed, venv, str(rec))
+    console.print(t)

@@ -28,6 +28,7 @@ from typing import Any
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling, Verdict
 from harness.compare import build
 from harness.compare.explain import engine_error
+from harness.compare.nmse import tensor_verdict
 from harness.controls import guard, suite_controls
 from harness.distribution import FIGURES, Distribution, judge_run, measure_arm
 from harness.engines import RunnerContext, make_runner, split_spec
@@ -57,6 +58,8 @@ class Arm:
     refused: str | None = None
     error: str | None = None
     log_tail: str = ""
+    tensors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """case -> logits / ``hidden.<layer>`` on the scored sequences, when the engine exposes them."""
 
     @property
     def ran(self) -> bool:
@@ -120,8 +123,13 @@ def run_arm(spec: str, model: ModelRef, cases: Sequence[Case], sampling: Samplin
         else:  # cannot score: its own outputs stand in, judged until the first divergence
             outs = runner.run(cases, sampling)
             scores = outs
+        tensors = {}
+        if hasattr(runner, "capture_tensors"):  # transformers exposes logits and hidden states
+            seqs = continuations if continuations is not None else {
+                o.case_id: o.token_ids for o in outs if o.error is None}
+            tensors = runner.capture_tensors(cases, seqs)
         return Arm(spec, runner.info(), {o.case_id: o for o in outs}, {s.case_id: s for s in scores},
-                   dict(getattr(runner, "timings", {})), kv_capacity(runner))
+                   dict(getattr(runner, "timings", {})), kv_capacity(runner), tensors=tensors)
     except EngineRefused as e:
         return Arm(spec, _info(runner, spec), refused=str(e))
     except EngineFailed as e:
@@ -259,6 +267,10 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
             measure_arm("A rescored (control)", a.outputs, a.scores, cases, mode, dist.edges),
         ), how, dist.edges)
         verdicts += list(dist.verdicts)
+        if a.tensors and b.tensors:  # NMSE of logits and every layer's hidden states (reported)
+            bar = next((float(s.params.get("max_nmse", 5e-4)) for s in suite.comparators
+                        if s.name == "nmse"), 5e-4)
+            verdicts.append(tensor_verdict(a.tensors, b.tensors, bar))
         controls = suite_controls(suite, ArmGolden(tuple(cases), a.outputs), model.decode)
         outcome, vacuous = guard(_outcome(verdicts, gates), controls, gates)
         facts["throughput_ratio_b_over_a"] = (b.tokens_per_s / a.tokens_per_s

@@ -158,3 +158,41 @@ class NMSE:
             f"  {RERECORD_HINT}"])
         return Verdict(case_id, self.key, "fail", f"nmse FAIL: {total:.3g} > {self.max_nmse:.3g}",
                        detail=detail, evidence=ev)
+
+
+def tensor_verdict(ref: Mapping[str, Mapping[str, np.ndarray]], other: Mapping[str, Mapping[str, np.ndarray]],
+                   max_nmse: float = DEFAULT_MAX_NMSE, case_id: str = RUN) -> Verdict:
+    """NMSE of every named tensor (logits, ``hidden.<layer>``) pooled over the cases both sides
+    hold (``case -> name -> [positions, ...]``), each with its worst case and position."""
+    names = list(dict.fromkeys(n for t in ref.values() for n in t))
+    cases = [c for c in ref if c in other]
+    rows = []
+    for name in names:
+        num = den = 0.0
+        worst = ("", -1, -1.0)
+        for c in cases:
+            if name not in ref[c] or name not in other[c]:
+                continue
+            r, x = np.asarray(ref[c][name], np.float64), np.asarray(other[c][name], np.float64)
+            _, per = nmse_rows(r, x)
+            num += float(((x - r) ** 2).sum())
+            den += float((r**2).sum())
+            if per.size and float(per.max()) > worst[2]:
+                worst = (c, int(per.argmax()), float(per.max()))
+        total = num / den if den > 0 else (0.0 if num == 0 else float("inf"))
+        rows.append({"name": name, "nmse": json_number(total), "worst_case": worst[0],
+                     "worst_position": worst[1], "worst_nmse": json_number(worst[2]),
+                     "passed": bool(total <= max_nmse)})
+    ev = {"tensors": rows, "max_nmse": max_nmse, "cases": len(cases)}
+    if not rows:
+        return Verdict(case_id, "nmse_tensors", "skip", "no tensors on both sides", evidence=ev)
+    worst = max(rows, key=lambda t: t["nmse"] if t["nmse"] is not None else float("inf"))
+    text = ", ".join(f"{t['name']} {t['nmse']:.2g}" for t in rows if t["nmse"] is not None)
+    status = "pass" if all(t["passed"] for t in rows) else "fail"
+    detail = "" if status == "pass" else "\n".join(
+        [f"{case_id}: nmse_tensors FAIL (bar {max_nmse:.3g})"]
+        + [f"  {t['name']:<10} NMSE {t['nmse']:.4g}  worst {t['worst_case']}@{t['worst_position']} "
+           f"{t['worst_nmse']:.4g}" for t in rows])
+    return Verdict(case_id, "nmse_tensors", status,
+                   f"tensors {status}: {text} (worst {worst['name']} at {worst['worst_case']}@"
+                   f"{worst['worst_position']})", detail=detail, evidence=ev)

@@ -121,3 +121,37 @@ def score_forward(lm: Any, prompt_ids: Sequence[int], continuation: Sequence[int
     chosen = lp.gather(1, torch.tensor(list(continuation), device=device)[:, None])[:, 0]
     return (top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32),
             chosen.cpu().numpy().astype(np.float32))
+
+
+def tensors_forward(lm: Any, ids: Sequence[int], start: int) -> dict[str, np.ndarray]:
+    """Logits and every layer's hidden states at positions ``start..`` of one forward pass over ``ids``
+    (``[positions, ...]`` float32 each): the tensors NMSE compares across configurations."""
+    import torch
+
+    device = next(lm.parameters()).device
+    with torch.inference_mode():
+        out = lm(torch.tensor([list(ids)], device=device), output_hidden_states=True)
+    t = {"logits": out.logits[0, start:].float().cpu().numpy()}
+    for i, h in enumerate(out.hidden_states):
+        t[f"hidden.{i}"] = h[0, start:].float().cpu().numpy()
+    return t
+
+
+def tensors_stepwise(lm: Any, ids: Sequence[int], start: int, cache: Any) -> dict[str, np.ndarray]:
+    """As :func:`tensors_forward`, one token per step through ``cache`` (a quantized KV cache
+    changes every layer's output only on this path)."""
+    import torch
+
+    device = next(lm.parameters()).device
+    rows: dict[str, list[np.ndarray]] = {}
+    with torch.inference_mode():
+        out = lm(torch.tensor([list(ids[: start + 1])], device=device), past_key_values=cache,
+                 use_cache=True, output_hidden_states=True)
+        for pos in range(start, len(ids)):
+            if pos > start:
+                out = lm(torch.tensor([[ids[pos]]], device=device), past_key_values=cache, use_cache=True,
+                         output_hidden_states=True)
+            rows.setdefault("logits", []).append(out.logits[0, -1].float().cpu().numpy())
+            for i, h in enumerate(out.hidden_states):
+                rows.setdefault(f"hidden.{i}", []).append(h[0, -1].float().cpu().numpy())
+    return {k: np.stack(v) for k, v in rows.items()}

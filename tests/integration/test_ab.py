@@ -2,7 +2,8 @@
 where the CPU lacks AVX-512), a configuration vLLM refuses everywhere, and transformers' quantized KV
 cache vs the plain one.
 
-vLLM engine starts (≈1 min each on 2 cores): arm A once (shared), bf16, fp8, one refusal.
+vLLM engine starts (≈1 min each on 2 cores): arm A once (shared), bf16, fp8, and one refusal
+(which vLLM reaches after about a minute of start-up).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.ab import Arm, ab_lines, run_ab, run_arms
+from harness.ab import Arm, ab_lines, run_ab, run_arm, run_arms
 from harness.api import Output
 from harness.models import resolve_model
 from harness.records import load_record
@@ -41,7 +42,11 @@ def arms(ws: Workspace, a_spec: str, b_spec: str, a: Arm | None = None) -> tuple
 
 @pytest.fixture(scope="module")
 def vllm_a(ws: Workspace) -> Arm:
-    a, _ = arms(ws, "vllm", "vllm:block_size=16")  # B refused: the cheapest way to run A alone
+    """Arm A (vLLM fp32) runs once; every vLLM B below is judged against it."""
+    model = resolve_model("tiny-llama", ws)
+    suite = find_suite(ws.suites, SUITE)
+    a = run_arm("vllm", model, suite.build_cases(model.encode), suite.sampling, suite.sampling.logprobs,
+                None, ws.runs)
     assert a.ran, a.error
     return a
 
@@ -131,6 +136,10 @@ def test_transformers_quantized_kv_cache_against_the_plain_cache(ws: Workspace) 
     assert kl2["mean"] > 5 * kl4["mean"] > 0  # 2-bit keys/values lose more than 4-bit ones
     assert r2.outcome == "fail"  # and the suite's KL bar catches it
     assert any(v.comparator == "kl" and v.status == "fail" for v in r2.verdicts)
+    # transformers exposes every layer: the embeddings cannot see the KV cache, later layers do
+    rows = {t["name"]: t for t in next(v for v in r4.verdicts if v.comparator == "nmse_tensors"
+                                       ).evidence["tensors"]}
+    assert rows["hidden.0"]["nmse"] == 0 and rows["logits"]["nmse"] > 0 and rows["hidden.2"]["nmse"] > 0
     for r in (r4, r2):
         cap = r.extra["ab"]
         assert cap["a"]["capacity"]["bytes_per_token"] == pytest.approx(1024.0)  # 2 layers x K,V x 64 x fp32

@@ -11,7 +11,7 @@ from hypothesis.extra.numpy import arrays
 from harness.api import Case
 from harness.compare import build
 from harness.compare.kl import RUN
-from harness.compare.nmse import NMSE, compare_tensors, nmse, nmse_rows
+from harness.compare.nmse import NMSE, compare_tensors, nmse, nmse_rows, tensor_verdict
 from harness.synthetic import drifting_pair
 
 CASE = Case("c01", (1,))
@@ -81,3 +81,19 @@ def test_run_verdict_names_the_worst_case() -> None:
     loud = drifting_pair(rng, 16, 32, noise=1e-2, case_id="c1")
     v = NMSE().compare_run([quiet[0], loud[0]], [quiet[1], loud[1]], [Case("c0", (1,)), Case("c1", (1,))])
     assert v.case_id == RUN and v.evidence["worst_case"] == "c1" and v.evidence["positions"] == 32
+
+
+def test_tensor_sets_name_the_worst_tensor_case_and_position() -> None:
+    rng = np.random.default_rng(3)
+    ref = {c: {"logits": rng.standard_normal((6, 8)), "hidden.1": rng.standard_normal((6, 4))}
+           for c in ("c0", "c1")}
+    same = tensor_verdict(ref, {c: dict(t) for c, t in ref.items()})
+    assert same.status == "pass" and all(t["nmse"] == 0 for t in same.evidence["tensors"])
+    bad = {c: {k: v.copy() for k, v in t.items()} for c, t in ref.items()}
+    bad["c1"]["hidden.1"][4] += 1.0  # a planted error in one layer, one position
+    v = tensor_verdict(ref, bad, max_nmse=5e-4)
+    assert v.status == "fail"
+    row = next(t for t in v.evidence["tensors"] if t["name"] == "hidden.1")
+    assert (row["worst_case"], row["worst_position"], row["passed"]) == ("c1", 4, False)
+    assert next(t for t in v.evidence["tensors"] if t["name"] == "logits")["passed"]
+    assert "hidden.1" in v.detail

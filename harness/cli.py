@@ -81,14 +81,12 @@ def _ab_args(p: argparse.ArgumentParser) -> None:
 @command("ab", "A/B gate: one engine, two configurations: KL, drift, agreement, throughput, KV capacity",
          _ab_args)
 def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.ab import ab_lines, run_ab
+    from harness.ab import run_ab
     from harness.report import print_record
 
     res = run_ab(ws, a.model, a.suite, a.a, a.b)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
-    for line in ab_lines(res.record):
-        console.print(line, highlight=False)
     return 0 if res.record.outcome == "pass" else 1
 
 

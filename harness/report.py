@@ -49,11 +49,22 @@ def print_distribution(rec: Record, path: str, con: Console) -> None:
         con.print(Text(f"figure {key}: {folder / name if folder else name}", style="cyan"))
 
 
+def print_ab(rec: Record, con: Console) -> None:
+    """An A/B record's arms, agreement, throughput and KV capacity ratios."""
+    if rec.kind != "ab":
+        return
+    from harness.ab import ab_lines
+
+    for line in ab_lines(rec):
+        con.print(Text(line))
+
+
 def print_record(rec: Record, path: str = "", console: Console | None = None,
                  details: bool = True) -> None:
     con = console or Console()
     con.print(verdict_table(rec))
     print_distribution(rec, path, con)
+    print_ab(rec, con)
     if details:
         for v in rec.verdicts:
             if v.status in ("fail", "error", "refused") and v.detail and v.comparator in rec.gates:

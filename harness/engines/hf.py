@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
-from harness.engines.hf_decode import KV_CHOICES, decode, kv_bytes, make_cache, score_forward
+from harness.engines.hf_decode import (
+    KV_CHOICES,
+    decode,
+    kv_bytes,
+    make_cache,
+    score_forward,
+    tensors_forward,
+    tensors_stepwise,
+)
 from harness.models import ModelRef
 from harness.teacher import scored_output
 
@@ -101,6 +109,20 @@ class HFRunner:
                 scores.append(scored_output(case.id, cont, d.top_ids, d.top_logprobs, d.chosen))
         self.timings["score_s"] = time.perf_counter() - t0
         return outs, scores
+
+    def capture_tensors(self, cases: Sequence[Case], continuations: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, np.ndarray]]:
+        """Per case: logits and every layer's hidden states at each position of the continuation
+        (the row predicting continuation token t), through this runner's KV cache path."""
+        out = {}
+        for case in cases:
+            cont = continuations.get(case.id)
+            if not cont:
+                continue
+            ids, start = [*case.prompt_ids, *cont[:-1]], len(case.prompt_ids) - 1
+            out[case.id] = (tensors_forward(self._lm, ids, start) if self.kv == "plain" else
+                            tensors_stepwise(self._lm, ids, start, make_cache(self.kv, self._lm.config)))
+        return out
 
     def _decode_path(self, case: Case, sampling: Sampling) -> Output:
         tok = self._lm.generation_config

@@ -31,7 +31,7 @@ from harness.compare.explain import engine_error
 from harness.compare.nmse import tensor_verdict
 from harness.controls import guard, suite_controls
 from harness.distribution import FIGURES, Distribution, judge_run, measure_arm
-from harness.engines import RunnerContext, make_runner, split_spec
+from harness.engines import RunnerContext, make_runner, parse_options, split_spec
 from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts
 from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
@@ -185,9 +185,23 @@ def _refusal_verdicts(suite: Suite, cases: Sequence[Case], arm: Arm, role: str) 
             for n in names for c in cases]
 
 
+def same_decode_path(a_spec: str, b_spec: str) -> str:
+    """A's spec, made to decode like B when both are transformers and B steps one token at a time
+    (a quantized KV cache): otherwise the throughput ratio would compare two code paths."""
+    (na, oa), (nb, ob) = split_spec(a_spec), split_spec(b_spec)
+    if na != "hf" or nb != "hf":
+        return a_spec
+    a_opts, b_opts = parse_options(oa, a_spec), parse_options(ob, b_spec)
+    b_steps = b_opts.get("decode", "generate" if b_opts.get("kv", "plain") == "plain" else "step") == "step"
+    if b_steps and "decode" not in a_opts and a_opts.get("kv", "plain") == "plain":
+        return f"{a_spec}{',' if oa else ':'}decode=step"
+    return a_spec
+
+
 def run_arms(ws: Workspace, model: ModelRef, suite: Suite, a_spec: str, b_spec: str,
              a: Arm | None = None) -> tuple[Arm, Arm, dict[str, float]]:
     """Run arm A (unless given: one A serves several Bs), then arm B on A's sequences."""
+    a_spec = same_decode_path(a_spec, b_spec)
     cases = suite.build_cases(model.encode)
     k = suite.sampling.logprobs
     ws.runs.mkdir(parents=True, exist_ok=True)
@@ -221,6 +235,7 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
         a, b, timings = run_arms(ws, model, suite, a_spec, b_spec)
     else:
         (a, b), timings = arms, {}
+    a_spec, b_spec = a.spec, b.spec
     for role, arm in (("a", a), ("b", b)):
         timings.update({f"{role}_{key}": float(v) for key, v in arm.timings.items()})
 

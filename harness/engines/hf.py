@@ -2,7 +2,9 @@
 
 Options (``hf:device=cuda,dtype=bfloat16``): ``device`` (cpu default), ``dtype`` (float32 default),
 ``kv`` (``plain`` default; ``quanto-int4`` / ``quanto-int2``: a quantized KV cache, decoded one token
-per step, see :mod:`harness.engines.hf_decode`).
+per step, see :mod:`harness.engines.hf_decode`), ``decode`` (``generate``: transformers' ``generate``,
+the default with a plain cache; ``step``: the harness's one-token-per-step loop, the only path for a
+quantized cache — an A/B of caches compares both arms on it).
 """
 
 from __future__ import annotations
@@ -36,10 +38,13 @@ class HFRunner:
         self.device = options.get("device", "cpu")
         self.dtype = options.get("dtype", "float32")
         self.kv = options.get("kv", "plain")
-        unknown = set(options) - {"device", "dtype", "kv"}
+        self.decode = options.get("decode", "generate" if self.kv == "plain" else "step")
+        unknown = set(options) - {"device", "dtype", "kv", "decode"}
         if unknown:
             raise EngineRefused(f"hf: unknown option(s) {', '.join(sorted(unknown))}; "
-                                "valid: device, dtype, kv")
+                                "valid: device, dtype, kv, decode")
+        if self.decode not in ("generate", "step") or (self.decode == "generate" and self.kv != "plain"):
+            raise EngineRefused(f"hf: decode {self.decode!r}: 'generate' (plain cache only) or 'step'")
         if self.kv not in KV_CHOICES:
             raise EngineRefused(f"hf: kv {self.kv!r} not one of {', '.join(KV_CHOICES)}")
         if self.dtype not in DTYPES:
@@ -54,7 +59,8 @@ class HFRunner:
 
         return EngineInfo(self.name, "transformers", transformers.__version__,
                           settings={"device": self.device, "dtype": self.dtype,
-                                    **({"kv": self.kv} if self.kv != "plain" else {})})
+                                    **({"kv": self.kv} if self.kv != "plain" else {}),
+                                    **({"decode": self.decode} if self.decode != "generate" else {})})
 
     def start(self) -> None:
         import torch
@@ -141,7 +147,7 @@ class HFRunner:
                              "kv_bytes_per_token": nbytes / max(cached_tokens, 1)}
 
     def _one(self, case: Case, sampling: Sampling, torch: Any) -> Output:
-        if self.kv != "plain":
+        if self.decode == "step":
             return self._decode_path(case, sampling)
         ids = torch.tensor([list(case.prompt_ids)], device=self.device)
         with torch.inference_mode():

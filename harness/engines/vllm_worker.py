@@ -103,10 +103,10 @@ def _closed_loop(llm, prompts: list, params, concurrency: int) -> tuple[list, li
     clients). Returns the outputs in prompt order, each request's time to first token (s) and
     when the clock started (after a warm-up)."""
     engine = llm.llm_engine
-    # Warm-up outside the clock (first-step compilation), shorter than a KV block so that nothing
-    # of it can be served from the prefix cache later.
-    warm = {"prompt_token_ids": prompts[0]["prompt_token_ids"][:8]}
-    llm.generate([warm], type(params)(temperature=0.0, max_tokens=2), use_tqdm=False)
+    # Warm-up outside the clock (first-step compilation at this batch size), each prompt shorter
+    # than a KV block so that nothing of it can be served from the prefix cache later.
+    warm = [{"prompt_token_ids": p["prompt_token_ids"][:8]} for p in prompts[:concurrency]]
+    llm.generate(warm, type(params)(temperature=0.0, max_tokens=2), use_tqdm=False)
     todo = list(range(len(prompts)))[::-1]
     index, sent, first, done = {}, {}, {}, {}
 

@@ -96,10 +96,9 @@ def judge_page(ref: PageRef, written: Page, restored: Page) -> PageJudgement:
     if same_algo and written.digest == restored.digest and written.nbytes == restored.nbytes:
         return PageJudgement(ref, "equal", written.digest, restored.digest, written.nbytes)
     a, b = _read_checked(written, "written"), _read_checked(restored, "restored")
-    for got in (a, b):
-        if isinstance(got, str):
-            return PageJudgement(ref, "error", written.digest, restored.digest, reason=got)
-    assert isinstance(a, bytes) and isinstance(b, bytes)
+    if isinstance(a, str) or isinstance(b, str):
+        why = a if isinstance(a, str) else str(b)
+        return PageJudgement(ref, "error", written.digest, restored.digest, reason=why)
     offset, count = diff_bytes(a, b)
     if count == 0:
         return PageJudgement(ref, "equal", written.digest, restored.digest, len(a))

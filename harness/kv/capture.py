@@ -44,6 +44,15 @@ class PageTag:
     lane: str
 
 
+def gather(kv: torch.Tensor, block_ids: Sequence[int]) -> torch.Tensor:
+    """The pages ``kv[block_ids]`` as a new [P, ...] tensor on the cache's device.
+
+    ``index_select`` rather than ``kv[ids]``: advanced indexing fans out to OpenMP threads even for
+    two pages, which on a busy CPU host costs milliseconds per call.
+    """
+    return kv.index_select(0, torch.tensor(list(block_ids), dtype=torch.long, device=kv.device))
+
+
 class CaptureWriter:
     """Worker-side: appends pages to ``worker-<rank>.pages.{bin,jsonl}`` in a phase folder."""
 
@@ -69,7 +78,10 @@ class CaptureWriter:
         raw = as_page_bytes(pages)
         keep = list(keep_bytes) if keep_bytes is not None else [True] * len(refs)
         rows = [i for i, k in enumerate(keep) if k]
-        host = raw[rows].cpu().numpy() if rows else None
+        if len(rows) == raw.shape[0]:
+            host = raw.cpu().numpy()
+        else:
+            host = raw.index_select(0, torch.tensor(rows, device=raw.device)).cpu().numpy() if rows else None
         shape = list(pages.shape[1:])
         lines = []
         pos = 0
@@ -117,9 +129,9 @@ class SchedulerLog:
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "scheduler.jsonl"
 
-    def write(self, kind: str, **fields: Any) -> None:
+    def write(self, event: str, /, **fields: Any) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps({"t": kind, **fields}, sort_keys=True) + "\n")
+            f.write(json.dumps({"t": event, **fields}, sort_keys=True) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,6 +222,8 @@ class Capture:
     """Chunks the harness store wrote (one line each; ``dedup`` lines name skipped re-writes)."""
     refusal: str | None
     setup: Mapping[str, Any]
+    store_problems: tuple[Mapping[str, Any], ...]
+    """Requests whose whole store was unreadable (``case``, ``lane``, ``kind``, ``reason``)."""
     """The connector's view of the engine: KV-cache groups (index, block_size, layers, paged), tp."""
     capture_seconds: float
     captured_bytes: int
@@ -275,6 +289,7 @@ def read_capture(folder: Path) -> Capture:
     stored: list[Mapping[str, Any]] = []
     refusal = None
     setup: dict[str, Any] = {}
+    store_problems: list[Mapping[str, Any]] = []
     sched = folder / "scheduler.jsonl"
     if sched.exists():
         for n, d in _lines(sched):
@@ -292,10 +307,12 @@ def read_capture(folder: Path) -> Capture:
                     refusal = str(d["reason"])
                 elif d["t"] == "setup":
                     setup = d
+                elif d["t"] == "store_problem":
+                    store_problems.append(d)
             except (KeyError, TypeError, ValueError) as e:
                 malformed.append(f"{sched.name}:{n}: {type(e).__name__}: {e}")
     return Capture(folder, tuple(pages), tuple(problems), tuple(requests), tuple(stored), refusal,
-                   setup, seconds, nbytes, tuple(malformed))
+                   setup, tuple(store_problems), seconds, nbytes, tuple(malformed))
 
 
 def worker_rank() -> int:

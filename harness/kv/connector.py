@@ -35,7 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, worker_rank
+from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, gather, worker_rank
 from harness.kv.config import HarnessKVConfig, chunk_size_problem
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore
@@ -99,6 +99,9 @@ class HarnessKVConnector(KVConnectorBase_V1):
         self.paged_layers = tuple(self.layer_group)
         self.stores = {name: self._open_store(name, root, fault)
                        for name, (root, fault) in self.cfg.lanes.items()}
+        if self.is_producer and role == KVConnectorRole.SCHEDULER:
+            for root, _ in self.cfg.lanes.values():
+                root.mkdir(parents=True, exist_ok=True)
         if role == KVConnectorRole.SCHEDULER:
             self.tracker = RequestTracker(self.groups)
             self.log = SchedulerLog(self.cfg.capture_dir)
@@ -140,7 +143,12 @@ class HarnessKVConnector(KVConnectorBase_V1):
         prompt = list(request.prompt_token_ids or [])
         store = self.stores.get(tags.lane)
         hit = 0
-        if store is not None:
+        if store is None or not store.root.is_dir():
+            # Not a miss: the store itself is gone. Every page this request expected is an error.
+            where = store.root if store is not None else f"(no store configured for lane {tags.lane!r})"
+            self.log.write("store_problem", req=request.request_id, case=tags.case, lane=tags.lane,
+                           kind="unreadable", reason=f"store folder {where} does not exist")
+        else:
             # Leave at least the last prompt token to the engine: it must compute one position.
             for key in prefix_keys(prompt[:max(len(prompt) - 1, 0)], self.chunk):
                 if not store.has(key, self.paged_layers):
@@ -242,7 +250,7 @@ class HarnessKVConnector(KVConnectorBase_V1):
                 page_shape = kv.shape[1:]
                 src = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)
                 src = src.view(kv.dtype).view(len(ids), *page_shape).to(kv.device)
-                kv[torch.tensor(ids, device=kv.device)] = src
+                kv.index_copy_(0, torch.tensor(ids, device=kv.device), src)
 
     def _fail(self, p: PagePlan, layer: str, read: PageRead) -> None:
         ref = PageRef(p.key, layer, p.group, p.start, p.end, worker_rank())
@@ -276,7 +284,7 @@ class HarnessKVConnector(KVConnectorBase_V1):
             if not pages:
                 continue
             t0 = time.perf_counter()
-            data = kv_layer[torch.tensor([p.block_id for p in pages], device=kv_layer.device)]
+            data = gather(kv_layer, [p.block_id for p in pages])
             digests = page_digests(data)
             host = as_page_bytes(data).cpu().numpy()
             self.stores[io.lane].put(io.key, layer_name, host, digests, {
@@ -291,7 +299,7 @@ class HarnessKVConnector(KVConnectorBase_V1):
 
     def _record(self, side: Any, layer: str, kv: torch.Tensor, pages: list[PagePlan], step: int) -> None:
         rank = worker_rank()
-        data = kv[torch.tensor([p.block_id for p in pages], device=kv.device)]
+        data = gather(kv, [p.block_id for p in pages])
         refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]
         tags = [PageTag(p.req, p.case, p.lane) for p in pages]
         self.capture.pages(side, refs, tags, data, keep_bytes=[not p.dup for p in pages], step=step)

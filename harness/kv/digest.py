@@ -19,7 +19,6 @@ adversary.
 """
 from __future__ import annotations
 
-import warnings
 from functools import lru_cache
 
 import numpy as np
@@ -75,8 +74,20 @@ def as_page_bytes(pages: torch.Tensor) -> torch.Tensor:
 
 
 def page_digests(pages: torch.Tensor) -> list[str]:
-    """One digest per leading index of ``pages`` ([P, ...], any dtype, any device)."""
+    """One digest per leading index of ``pages`` ([P, ...], any dtype, any device).
+
+    Pages on an accelerator are digested there (torch); pages in host memory by the same arithmetic
+    in numpy, which runs on the calling thread: small torch ops fan out to OpenMP threads that
+    contend with the engine's own on a busy CPU host.
+    """
     raw = as_page_bytes(pages)
+    if raw.device.type == "cpu":
+        return host_digests(raw.numpy())
+    return device_digests(raw)
+
+
+def device_digests(raw: torch.Tensor) -> list[str]:
+    """The torch path over [P, nbytes] uint8 on any device (what a GPU cache uses)."""
     n_pages, nbytes = raw.shape
     if n_pages == 0:
         return []
@@ -99,7 +110,43 @@ def page_digests(pages: torch.Tensor) -> list[str]:
         yy ^= zz
         yy *= _K32
         sums[lo:lo + step] = yy.sum(dim=2, dtype=torch.int32)
-    s = sums.cpu().numpy().view(np.uint32).astype(np.uint64)
+    return _format(sums.cpu().numpy().view(np.uint32), nbytes)
+
+
+def host_digests(raw: np.ndarray) -> list[str]:
+    """The numpy path over [P, nbytes] uint8 host memory: the same bits as :func:`device_digests`."""
+    n_pages, nbytes = raw.shape
+    if n_pages == 0:
+        return []
+    if nbytes % 4:
+        raw = np.pad(raw, ((0, 0), (0, 4 - nbytes % 4)))
+    words = np.ascontiguousarray(raw).view(np.uint32)
+    n_words = words.shape[1]
+    coef = _host_coefficients(n_words)
+    sums = np.empty((n_pages, _LANES), dtype=np.uint32)
+    step = max(1, _WORDS_PER_SLICE["cpu"] // max(n_words, 1))
+    y = np.empty((min(step, n_pages), _LANES, n_words), dtype=np.uint32)
+    z = np.empty_like(y)
+    k = np.uint32(_K32 & 0xFFFFFFFF)
+    for lo in range(0, n_pages, step):
+        w = words[lo:lo + step]
+        yy, zz = y[:w.shape[0]], z[:w.shape[0]]
+        np.multiply(w[:, None, :], coef, out=yy)
+        np.right_shift(yy, np.uint32(15), out=zz)  # unsigned: a logical shift
+        np.bitwise_xor(yy, zz, out=yy)
+        np.multiply(yy, k, out=yy)
+        sums[lo:lo + step] = yy.sum(axis=2, dtype=np.uint32)
+    return _format(sums, nbytes)
+
+
+@lru_cache(maxsize=32)
+def _host_coefficients(n_words: int) -> np.ndarray:
+    return _coefficients(n_words, "cpu").numpy().view(np.uint32)
+
+
+def _format(sums: np.ndarray, nbytes: int) -> list[str]:
+    """[P, 4] uint32 lane sums -> digest strings (length folded in, avalanched)."""
+    s = sums.astype(np.uint64)
     a = _finish_many(s[:, 0] | (s[:, 1] << np.uint64(32)), nbytes, 0)
     b = _finish_many(s[:, 2] | (s[:, 3] << np.uint64(32)), nbytes, 1)
     text = np.stack([a, b], axis=1).astype(">u8").tobytes().hex()
@@ -129,7 +176,4 @@ def digest_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> str:
     arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     if arr.size == 0:
         return f"{NAME}:{_finish(0, 0, 0):016x}{_finish(0, 0, 1):016x}"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write to it
-        t = torch.from_numpy(arr) if arr.flags.writeable else torch.frombuffer(arr, dtype=torch.uint8)
-    return page_digests(t.reshape(1, -1))[0]
+    return host_digests(arr.reshape(1, -1))[0]

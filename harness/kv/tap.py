@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -29,7 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, worker_rank
+from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, gather, worker_rank
 from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
 from harness.kv.pages import PageRef
 from harness.kv.plan import PagePlan, RequestTracker, groups_of, log_setup
@@ -184,9 +185,10 @@ class HarnessTapConnector(KVConnectorBase_V1):
             if len(mine) <= fault.page:
                 continue
             p = mine[fault.page]
-            raw = kv[p.block_id].view(-1).view(torch.uint8)
+            # a uint8 view of the page in place (pages may be strided views of a shared allocation)
+            raw = kv[p.block_id].view(torch.uint8)
             off = fault.offset % raw.numel()
-            raw[off] ^= 1
+            raw[tuple(int(i) for i in np.unravel_index(off, tuple(raw.shape)))] ^= 1
             self._planted.add(lane)
             (self.cfg.capture_dir / f"planted-{lane}.json").write_text(json.dumps({
                 "kind": fault.kind, "layer": layer, "start": p.start, "end": p.end, "key": p.key,
@@ -205,7 +207,7 @@ class HarnessTapConnector(KVConnectorBase_V1):
 
     def _record(self, side: Any, layer: str, kv: torch.Tensor, pages: list[PagePlan], step: int) -> None:
         rank = worker_rank()
-        data = kv[torch.tensor([p.block_id for p in pages], device=kv.device)]
+        data = gather(kv, [p.block_id for p in pages])
         refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]
         tags = [PageTag(p.req, p.case, p.lane) for p in pages]
         self.capture.pages(side, refs, tags, data, keep_bytes=[not p.dup for p in pages], step=step)

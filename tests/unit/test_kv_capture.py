@@ -26,6 +26,8 @@ def write(folder: Path, n: int = 3, keep: list[bool] | None = None) -> torch.Ten
     log.write("request", req="r1", case="c01", lane="clean", prompt_len=70, local_hit=0, matched=64,
               external=64, **{"async": False})
     log.write("setup", groups=[{"index": 0, "block_size": 32, "layers": ["l0"], "paged": True}], tp=1)
+    log.write("store_problem", req="r2", case="c02", lane="clean", kind="unreadable",
+              reason="store folder run/store does not exist")
     return data
 
 
@@ -40,6 +42,7 @@ def test_pages_read_back_byte_for_byte_with_their_engine_digests(tmp_path: Path)
         assert p.dtype == "float32" and p.shape == (1, 32, 128) and p.check_present() is None
     assert cap.problems[0].kind == "truncated" and cap.problems[0].ref == refs(1)[0]
     assert cap.requests[0].external == 64 and cap.setup["tp"] == 1
+    assert [(s["case"], s["kind"]) for s in cap.store_problems] == [("c02", "unreadable")]
     assert cap.captured_bytes == 3 * 16384 and cap.capture_seconds > 0 and cap.malformed == ()
 
 

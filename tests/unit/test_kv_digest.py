@@ -68,3 +68,12 @@ def test_batching_and_slicing_do_not_change_digests() -> None:
     whole = page_digests(x)
     assert whole == [page_digests(x[i:i + 1])[0] for i in range(40)]
     assert len(set(whole)) == 40
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 300), st.integers(0, 2**32 - 1))
+def test_the_torch_path_a_gpu_uses_gives_the_host_paths_bits(n: int, nbytes: int, seed: int) -> None:
+    from harness.kv.digest import device_digests, host_digests
+
+    raw = torch.randint(0, 256, (n, nbytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    assert device_digests(raw) == host_digests(raw.numpy()) == page_digests(raw)

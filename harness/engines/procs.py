@@ -3,7 +3,8 @@
 Every engine process (a server, a CLI engine) is started as the leader of its own process group, so
 that stopping it stops whatever it forked too (vLLM's engine-core and worker processes). A
 process registered with :func:`track` is also stopped at interpreter exit (``atexit``), and it gets
-SIGTERM from the kernel if the harness itself dies (``PR_SET_PDEATHSIG``, Linux).
+SIGTERM from the kernel if the harness itself is killed (``PR_SET_PDEATHSIG``, Linux). A harness
+that receives SIGTERM exits through ``finally`` and ``atexit``, stopping them first.
 """
 
 from __future__ import annotations
@@ -99,8 +100,23 @@ def parent_death_signal() -> Callable[[], None] | None:
 
 
 def track(proc: subprocess.Popen[bytes]) -> None:
+    """Stop ``proc``'s group at interpreter exit, and from now on treat SIGTERM as an exit."""
     with _LOCK:
         _LIVE[proc.pid] = proc
+    exit_on_sigterm()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM -> SystemExit in the main thread (only where nobody handles SIGTERM yet), so that
+    ``finally`` blocks and ``atexit`` stop the engines this process started."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_now)
+
+
+def _exit_now(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def untrack(proc: subprocess.Popen[bytes]) -> None:

@@ -79,6 +79,13 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
         con.print(ct)
     timing = ", ".join(f"{k} {v:.2f}" for k, v in sorted(rec.timings.items()) if k.endswith("_s"))
     con.print(f"[dim]timings (s): {timing}[/dim]")
+    speed = rec.extra.get("speed")
+    if isinstance(speed, dict) and speed.get("statement"):
+        con.print(Text(f"speed: {speed['statement']}"), highlight=False)
+    for name, why in (rec.extra.get("impossible") or {}).items():
+        con.print(Text(f"impossible: {name} — {why}", style="yellow"), highlight=False)
+    for note in (rec.extra.get("capabilities") or {}).get("notes", ()):
+        con.print(Text(f"note: {note}", style="dim"), highlight=False)
     con.print(Text.assemble("outcome: ", status_text(rec.outcome), "  ", rec.summary))
     con.print(f"[dim]harness {str(rec.harness.get('sha'))[:10]}{'+dirty' if rec.harness.get('dirty') else ''}"
               f" · oracle {rec.oracle.get('pin')} · model {rec.model['digest'][:12]}"

@@ -102,7 +102,7 @@ DESCRIPTIONS: dict[str, str] = {
     "vllm@": "another vLLM release in its own venv, installed on first use (vllm@0.31.0)",
     "openai": "an OpenAI-compatible server (openai:http://127.0.0.1:8000,c=8,key_env=MY_KEY)",
     "cmd": "a program reading workload JSONL, writing one JSON line per case (cmd:'./engine {model}')",
-    "vllm-server": "a vLLM OpenAI server started on loopback and stopped after (vllm-server[@0.31.0]:c=8)",
+    "vllm-server": "a vLLM server the harness starts and stops (vllm-server:c=8, vllm-server@0.31.0)",
 }
 
 

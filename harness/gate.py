@@ -213,6 +213,8 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
             scores = outputs  # the engine cannot score: its own (transformed) outputs stand in
         t2 = time.perf_counter()
         caps = getattr(runner, "capabilities", None) or caps  # servers detect theirs while running
+        comps = [c for s in suite.comparators
+                 if not isinstance(c := comparator_for(s.name, s.params, model.decode, caps), str)]
         verdicts = judge(golden, outputs, suite, model.decode, caps, scores)
         if scores is not None:
             dist = judge_run(comps, golden.cases, golden.outputs, scores, how)

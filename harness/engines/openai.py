@@ -256,7 +256,10 @@ class OpenAIRunner:
                 body = self._get_json("/models")
                 break
             except Fault as f:
-                if not f.retryable or time.monotonic() > deadline:
+                if not f.retryable:
+                    raise EngineFailed(f"{self.name}: {o.base_url}/models answered "
+                                       f"{self._redact(f.describe())}") from None
+                if time.monotonic() > deadline:
                     raise EngineFailed(f"{self.name}: {o.base_url}/models did not answer within "
                                        f"{o.wait_s:.0f} s: {self._redact(f.describe())}") from None
                 if (why := self.watch and self.watch()):

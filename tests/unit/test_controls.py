@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from features_kit import commit, make_git_workspace
+from tests.unit.features_kit import commit, make_git_workspace
 
 from harness import compare
 from harness.api import Case, EngineInfo, Output, Sampling, Verdict

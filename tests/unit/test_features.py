@@ -7,7 +7,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from features_kit import CATALOG, make_git_workspace, make_record
+from tests.unit.features_kit import CATALOG, make_git_workspace, make_record
 
 from harness.cli import main
 from harness.features import CatalogError, check_citations, generate, history, load_catalog, write_pages

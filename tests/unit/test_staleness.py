@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from features_kit import commit, git, make_git_workspace, make_record
+from tests.unit.features_kit import commit, git, make_git_workspace, make_record
 
 from harness.features import Judge, generate, load_catalog, load_records
 from harness.staleness import Current, is_ancestor, staleness

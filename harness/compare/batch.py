@@ -36,7 +36,20 @@ def first_divergence(o_tok: np.ndarray, c_tok: np.ndarray) -> np.ndarray:
 
 def judge_batch(o_tok: np.ndarray, o_ids: np.ndarray, o_lp: np.ndarray, o_chosen: np.ndarray,
                 c_tok: np.ndarray, c_ids: np.ndarray, threshold: float = 0.5) -> BatchVerdicts:
-    """Arrays are [S, L] (tokens, chosen logprobs) and [S, L, k] (top ids and logprobs)."""
+    """Arrays are [S, L] (tokens, chosen logprobs) and [S, L, k] (top ids and logprobs).
+
+    Sequences go through in slices of about 32k positions, whose temporaries stay in cache."""
+    step = max(1, 32768 // max(1, o_tok.shape[1]))
+    if o_tok.shape[0] <= step:
+        return _judge(o_tok, o_ids, o_lp, o_chosen, c_tok, c_ids, threshold)
+    parts = [_judge(o_tok[i:i + step], o_ids[i:i + step], o_lp[i:i + step], o_chosen[i:i + step],
+                    c_tok[i:i + step], c_ids[i:i + step], threshold) for i in range(0, len(o_tok), step)]
+    return BatchVerdicts(*(np.concatenate([getattr(p, f) for p in parts])
+                           for f in ("first_divergence", "strict", "near_tie", "mutual_topk")))
+
+
+def _judge(o_tok: np.ndarray, o_ids: np.ndarray, o_lp: np.ndarray, o_chosen: np.ndarray,
+           c_tok: np.ndarray, c_ids: np.ndarray, threshold: float) -> BatchVerdicts:
     s, n = o_tok.shape
     first = first_divergence(o_tok, c_tok)
     in_o = o_ids == c_tok[..., None]  # [S, L, k]

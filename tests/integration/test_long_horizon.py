@@ -90,7 +90,8 @@ def run_level(rec: Any, comparator: str) -> Any:
 
 
 def test_transformers_passes_long_horizon_with_the_kl_table_and_pictures(
-        ws: Workspace, replay: Callable[[Rewrite | None], Replay], capsys: pytest.CaptureFixture[str]) -> None:
+        ws: Workspace, replay: Callable[[Rewrite | None], Replay],
+        capsys: pytest.CaptureFixture[str]) -> None:
     res = run_gate(ws, "tiny-llama", "long_horizon", "hf", auto_record=False, runner=replay(None))
     rec = res.record
     assert rec.outcome == "pass", rec.summary

@@ -18,7 +18,7 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.aligned import align
-from harness.compare.distributions import needs_scores
+from harness.compare.from_suite import needs_scores
 from harness.compare.drift import DEFAULT_EDGES, DriftProfile, drift_profile
 from harness.compare.kl import KL, KLRows, KLStats, ModeWish, kl_rows, kl_stats
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.api import Comparator
-from harness.compare.distributions import drift, kl, nmse
+from harness.compare.from_suite import drift, kl, nmse
 from harness.compare.near_tie import NearTie
 from harness.compare.strict import Strict
 from harness.registry import unknown

@@ -18,8 +18,8 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.aligned import align
-from harness.compare.from_suite import needs_scores
 from harness.compare.drift import DEFAULT_EDGES, DriftProfile, drift_profile
+from harness.compare.from_suite import needs_scores
 from harness.compare.kl import KL, KLRows, KLStats, ModeWish, kl_rows, kl_stats
 
 FIGURES = {"kl_vs_position": "KL against position (drift)", "kld_histogram": "per-position KL histogram"}

@@ -4,7 +4,8 @@ One gate run, shared by every test here: three engine starts (producer, consumer
 probe; ≈1 min each on 2 cores). The planted-fault lanes (one byte flipped, one page dropped) run
 inside the same consumer engine, so they cost no extra start.
 
-``HARNESS_KV_TAP_TEST=1`` also runs the tap around vLLM's ExampleConnector (two more starts).
+``HARNESS_KV_TAP_TEST=1`` also runs the tap around vLLM's ExampleConnector (two more starts): the
+suite finds its off-by-one at N = k*32 + 1.
 """
 
 from __future__ import annotations
@@ -141,7 +142,14 @@ def test_the_tap_around_vllms_example_connector(tmp_path: Path) -> None:
                    connector="ExampleConnector")
     rec = res.record
     assert rec.extra["mode"] == "tap" and rec.candidate.name.endswith(":ExampleConnector")
-    assert all(v.status == "pass" for v in by(res, "byte_equal").values()), rec.summary
+    # every page it serves comes back byte-equal, but it never serves a prompt of k*32 + 1 tokens:
+    # it stores under the first floor((N-1)/32)*32 tokens and looks up under floor((N-2)/32)*32
+    pages, hits = by(res, "byte_equal"), by(res, "kv_hits")
+    assert {c for c, v in pages.items() if v.status != "pass"} == {"n_c_plus_1"}, rec.summary
+    assert len(pages["n_c_plus_1"].evidence["missing"]) == 4
+    assert {c for c, v in hits.items() if v.status != "pass"} == {"n_c_plus_1"}
+    assert hits["n_c_plus_1"].evidence["connector_external"] == 0 and rec.outcome == "fail"
+    assert hits["n_eq_c"].evidence["engine_cached"] == 32  # C = 32 for a block-granular store
     flip = rec.extra["control_lanes"]["flip"]
     assert flip["byte_equal"]["status"] == "fail"
     # ExampleConnector's store lands inside the run, never in its /tmp default

@@ -115,6 +115,7 @@ def capacity_ratio(a: Mapping[str, Any], b: Mapping[str, Any]) -> float | None:
 def run_arm(spec: str, model: ModelRef, cases: Sequence[Case], sampling: Sampling, k: int,
             continuations: Mapping[str, Sequence[int]] | None, run_dir: Path) -> Arm:
     """Generate and score with one configuration; a refusal or crash is kept, not raised."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     runner = make_runner(spec, model, RunnerContext(run_dir=run_dir))
     try:
         runner.start()

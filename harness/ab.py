@@ -35,7 +35,7 @@ from harness.engines import RunnerContext, make_runner, parse_options, split_spe
 from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts
 from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
-from harness.records import Outcome, Record, new_record_id, record_path, write_record
+from harness.records import Outcome, Record, new_record_id, outcome_of, record_path, write_record
 from harness.stats import AccuracyTest, StatsError
 from harness.suites import Suite, SuiteError, find_suite
 from harness.teacher import Scorer
@@ -288,7 +288,7 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
                         if s.name == "nmse"), 5e-4)
             verdicts.append(tensor_verdict(a.tensors, b.tensors, bar))
         controls = suite_controls(suite, ArmGolden(tuple(cases), a.outputs), model.decode)
-        outcome, vacuous = guard(_outcome(verdicts, gates), controls, gates)
+        outcome, vacuous = guard(outcome_of(verdicts, gates), controls, gates)
         facts["throughput_ratio_b_over_a"] = (b.tokens_per_s / a.tokens_per_s
                                               if a.tokens_per_s and b.tokens_per_s else None)
         facts["kv_capacity_ratio_b_over_a"] = capacity_ratio(a.capacity, b.capacity)
@@ -318,14 +318,6 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
                                f"{model.name} / {suite.name}: B {b_spec} vs A {a_spec}")
     path = write_record(ws.records, record) if write else Path()
     return ABResult(record, path, a, b)
-
-
-def _outcome(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
-    gated = [v.status for v in verdicts if v.comparator in gates]
-    for status in ("fail", "error", "refused"):
-        if status in gated:
-            return status  # type: ignore[return-value]
-    return "pass" if "pass" in gated else "skip"
 
 
 def _ratio_text(facts: Mapping[str, Any]) -> str:

@@ -16,13 +16,20 @@ from harness.capabilities import Capabilities, capability_extra, comparator_for,
 from harness.controls import guard, suite_controls
 from harness.distribution import FIGURES, Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
-from harness.goldens import (Golden, GoldenError, golden_dir, read_golden, record_command, staleness,
-                             write_golden)
+from harness.goldens import (
+    Golden,
+    GoldenError,
+    golden_dir,
+    read_golden,
+    record_command,
+    staleness,
+    write_golden,
+)
 from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts
 from harness.pin import OraclePin, oracle_pin
 from harness.provenance import git_dirty, git_sha, now_utc, platform_facts
-from harness.records import Outcome, Record, new_record_id, record_path, write_record
+from harness.records import Record, new_record_id, outcome_of, record_path, write_record
 from harness.speed import Speed, speed_extra
 from harness.suites import Suite, SuiteError, find_suite
 from harness.teacher import run_and_score
@@ -52,7 +59,8 @@ def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin 
     pin = pin or oracle_pin()
     if (why := oracle_available()) is not None:
         raise GoldenError(f"cannot record goldens for {model.name}/{suite.name}: {why}. "
-                          f"Install the oracle with `make venv`, then {record_command(model.name, suite.name)}")
+                          "Install the oracle with `make venv`, then "
+                          + record_command(model.name, suite.name))
     cases = suite.build_cases(model.encode)
     ws.runs.mkdir(parents=True, exist_ok=True)
     runner = VLLMRunner(model, {}, name="oracle", run_dir=ws.runs)
@@ -120,14 +128,6 @@ def judge(golden: Golden, outputs: Mapping[str, Output], suite: Suite,
             cand = source.get(case.id) or Output(case.id, (), error="candidate returned no output")
             verdicts.append(comp.compare(golden.outputs[case.id], cand, case))
     return verdicts
-
-
-def outcome_of(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
-    gated = [v.status for v in verdicts if v.comparator in gates]
-    for status in ("fail", "error", "refused"):
-        if status in gated:
-            return status  # type: ignore[return-value]
-    return "pass" if "pass" in gated else "skip"
 
 
 def summarize(suite: Suite, verdicts: Sequence[Verdict], cases: Sequence[Case]) -> str:

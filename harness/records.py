@@ -14,7 +14,7 @@ import os
 import re
 import secrets
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -100,6 +100,15 @@ class Record:
             controls=tuple(Control(**c) for c in d.get("controls", ())),
             platform=d.get("platform", {}), extra=d.get("extra", {}), schema=d.get("schema", SCHEMA),
         )
+
+
+def outcome_of(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
+    """fail if any gated verdict failed, else error, else refused, else pass; nothing judged: skip."""
+    gated = [v.status for v in verdicts if v.comparator in gates]
+    for status in ("fail", "error", "refused"):
+        if status in gated:
+            return status  # type: ignore[return-value]
+    return "pass" if "pass" in gated else "skip"
 
 
 def new_record_id(created: str, harness_sha: str | None, candidate: str) -> str:

@@ -28,7 +28,7 @@ def format_topk(out: Output, pos: int, decode: Decode | None) -> str:
     if not out.has_logprobs or out.top_ids is None or out.top_logprobs is None or pos >= len(out.top_ids):
         return "(no logprobs)"
     items = ", ".join(f"{_tok(decode, int(t))} {float(lp):.2f}"
-                      for t, lp in zip(out.top_ids[pos], out.top_logprobs[pos]))
+                      for t, lp in zip(out.top_ids[pos], out.top_logprobs[pos], strict=True))
     return f"top{out.top_ids.shape[1]} [{items}]"
 
 

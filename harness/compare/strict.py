@@ -11,7 +11,7 @@ from harness.compare.explain import engine_error, explain_divergence
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first position where ``a`` and ``b`` differ (a length mismatch counts), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))

@@ -184,11 +184,11 @@ def main(request_path: str, result_path: str) -> int:
             "block_size": getattr(cache, "block_size", None),
             "cache_dtype": str(getattr(cache, "cache_dtype", "")),
         })
-        for case, r in zip(req["cases"], results):
+        for case, r in zip(req["cases"], results, strict=True):
             o = r.outputs[0]
             ids = [int(t) for t in o.token_ids]
             top_ids, top_lps, chosen = [], [], []
-            for tid, step in zip(ids, o.logprobs or []):
+            for tid, step in zip(ids, o.logprobs or [], strict=False):
                 ti, tl, c = _logprob_rows(step, tid, k)
                 top_ids.append(ti)
                 top_lps.append(tl)

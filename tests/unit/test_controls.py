@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.unit.features_kit import commit, make_git_workspace
 
 from harness import compare
 from harness.api import Case, EngineInfo, Output, Sampling, Verdict
@@ -33,6 +32,7 @@ from harness.features import generate
 from harness.gate import run_gate
 from harness.goldens import read_golden
 from harness.workspace import REPO_ROOT
+from tests.unit.features_kit import commit, make_git_workspace
 
 
 def golden():  # noqa: ANN201

@@ -7,12 +7,12 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from tests.unit.features_kit import CATALOG, make_git_workspace, make_record
 
 from harness.cli import main
 from harness.features import CatalogError, check_citations, generate, history, load_catalog, write_pages
 from harness.records import Control
 from harness.workspace import Workspace
+from tests.unit.features_kit import CATALOG, make_git_workspace, make_record
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.unit.features_kit import commit, git, make_git_workspace, make_record
 
 from harness.features import Judge, generate, load_catalog, load_records
 from harness.staleness import Current, is_ancestor, staleness
 from harness.workspace import Workspace
+from tests.unit.features_kit import commit, git, make_git_workspace, make_record
 
 
 @pytest.fixture

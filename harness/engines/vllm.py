@@ -131,7 +131,8 @@ class VLLMRunner:
         head = lines[0] if lines else {}
         if head.get("kind") == "refused":
             raise EngineRefused(head["reason"])
-        if head.get("kind") != "meta" or proc.returncode != 0:
+        complete = bool(lines) and lines[-1].get("kind") == "end"
+        if head.get("kind") != "meta" or (proc.returncode != 0 and not complete):
             reason = head.get("reason") or f"vLLM worker exited with {proc.returncode}"
             cause = root_cause(self._tail(200_000))
             if cause is not None and cause[0] == "refused":

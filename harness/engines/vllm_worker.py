@@ -14,8 +14,8 @@ RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one l
 "finish_reason"}. An optional "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
 "continuation_ids"}]} in the request adds one {"kind": "score", ...} line per sequence: the
 engine's logprobs at every position of the given continuation (teacher forcing); with "own": true
-instead of "sequences" it scores its own generations.
-An engine start failure writes {"kind": "refused"|"error", "reason", ...} and exits 3.
+instead of "sequences" it scores its own generations. A last {"kind": "end"} line says every result
+was written (the exit code after it does not matter). An engine start failure writes {"kind": "refused"|"error", "reason", ...} and exits 3.
 
 One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
 cores) dominates, generation of a suite takes well under a second.
@@ -203,8 +203,15 @@ def main(request_path: str, result_path: str) -> int:
             })
         for line in scored:
             _write(out, line)
+        _write(out, {"kind": "end"})  # every result is written: the exit code no longer matters
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    rc = main(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: vLLM's has been seen to abort there ("terminate called
+    # without an active exception", exit -6) after every result was written. The parent kills
+    # this process group (the engine-core processes) whatever happens.
+    os._exit(rc)

@@ -14,12 +14,13 @@ in ``SamplingParams.extra_args["harness_kv"]`` and may skip reading any cache
 
 RESULT.jsonl: ``{"kind": "meta", "version", "timings": {"engine_start_s", "pass_<name>_s", ...}}``
 then one ``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per
-request. A start failure writes ``{"kind": "error", "reason", "traceback"}`` and exits 3.
+request, then ``{"kind": "end"}``. A start failure writes ``{"kind": "error", "reason", "traceback"}`` and exits 3.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -92,8 +93,15 @@ def main(request_path: str, result_path: str) -> int:
         for row in rows:
             _write(out, row)
         del llm
+        _write(out, {"kind": "end"})  # every result is written: the exit code no longer matters
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    rc = main(sys.argv[1], sys.argv[2])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: vLLM's has been seen to abort there ("terminate called
+    # without an active exception", exit -6) after every result was written. The parent kills
+    # this process group (the engine-core processes) whatever happens.
+    os._exit(rc)

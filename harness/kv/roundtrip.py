@@ -177,11 +177,12 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     if timed_out:
         return Phase(name, False, f"the {name} engine did not finish within {timeout_s:.0f} s", "", {}, (),
                      capture, log)
-    if head.get("kind") != "meta" or rc != 0:
+    complete = bool(lines) and lines[-1].get("kind") == "end"
+    if head.get("kind") != "meta" or (rc != 0 and not complete):
         reason = head.get("reason") or f"the {name} engine exited with {rc}"
         return Phase(name, False, reason, "", {}, (), capture, log)
     return Phase(name, True, "", str(head.get("version", "")), dict(head.get("timings", {})),
-                 tuple(lines[1:]), capture, log)
+                 tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log)
 
 
 def _kill_group(pid: int) -> None:

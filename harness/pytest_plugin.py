@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.controls import vacuates
 from harness.records import Record
 from harness.workspace import Workspace
 
@@ -32,8 +33,8 @@ def failure_report(rec: Record) -> str:
     lines = [f"gate {rec.outcome}: {rec.summary}"]
     lines += [v.detail or v.summary for v in rec.verdicts
               if v.comparator in rec.gates and v.status != "pass"]
-    lines += [f"VACUOUS: {c.comparator} control {c.mutation!r} expected {c.expect}, got {c.got}"
-              for c in rec.controls if not c.ok]
+    lines += [f"{'VACUOUS' if vacuates(c) else 'positive control failed'}: {c.comparator} control "
+              f"{c.mutation!r} expected {c.expect}, got {c.got}" for c in rec.controls if not c.ok]
     return "\n".join(lines)
 
 

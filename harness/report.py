@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from harness.controls import vacuates
 from harness.records import Record
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "red", "refused": "yellow", "skip": "dim",
@@ -75,7 +76,8 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
             ct.add_column(col)
         for c in rec.controls:
             ct.add_row(c.comparator, c.mutation, c.expect, c.got,
-                       Text("ok" if c.ok else "VACUOUS", style="green" if c.ok else "bold magenta"))
+                       Text("ok" if c.ok else "VACUOUS" if vacuates(c) else "positive control failed",
+                            style="green" if c.ok else "bold magenta"))
         con.print(ct)
     timing = ", ".join(f"{k} {v:.2f}" for k, v in sorted(rec.timings.items()) if k.endswith("_s"))
     con.print(f"[dim]timings (s): {timing}[/dim]")

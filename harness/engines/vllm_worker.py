@@ -15,7 +15,8 @@ RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one l
 "continuation_ids"}]} in the request adds one {"kind": "score", ...} line per sequence: the
 engine's logprobs at every position of the given continuation (teacher forcing); with "own": true
 instead of "sequences" it scores its own generations. A last {"kind": "end"} line says every result
-was written (the exit code after it does not matter). An engine start failure writes {"kind": "refused"|"error", "reason", ...} and exits 3.
+was written (the exit code after it does not matter). An engine start failure writes
+{"kind": "refused"|"error", "reason", ...} and exits 3.
 
 One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
 cores) dominates, generation of a suite takes well under a second.

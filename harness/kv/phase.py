@@ -14,7 +14,8 @@ in ``SamplingParams.extra_args["harness_kv"]`` and may skip reading any cache
 
 RESULT.jsonl: ``{"kind": "meta", "version", "timings": {"engine_start_s", "pass_<name>_s", ...}}``
 then one ``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per
-request, then ``{"kind": "end"}``. A start failure writes ``{"kind": "error", "reason", "traceback"}`` and exits 3.
+request, then ``{"kind": "end"}``. A start failure writes
+``{"kind": "error", "reason", "traceback"}`` and exits 3.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from harness.api import Case, EngineInfo, Output, Sampling, Verdict
 from harness.compare.byte_equal import ByteEqual, summary_line
 from harness.compare.kv_hits import KVHits
 from harness.compare.strict import Strict, first_divergence
+from harness.engines.procs import kill_group, track
 from harness.kv.capture import Capture, CaptureError, read_capture
 from harness.kv.config import (
     STORE_CLASS,
@@ -159,13 +159,14 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
         proc = subprocess.Popen([sys.executable, "-m", "harness.kv.phase", str(req), str(res)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
                                 start_new_session=True)
+        track(proc)
         try:
             rc = proc.wait(timeout=timeout_s)
             timed_out = False
         except subprocess.TimeoutExpired:
             rc, timed_out = -9, True
         finally:
-            _kill_group(proc.pid)  # vLLM's engine-core and worker processes live in that group too
+            kill_group(proc)  # vLLM's engine-core and worker processes live in that group too
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
     head = lines[0] if lines else {}
     capture = None
@@ -183,13 +184,6 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
         return Phase(name, False, reason, "", {}, (), capture, log)
     return Phase(name, True, "", str(head.get("version", "")), dict(head.get("timings", {})),
                  tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log)
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # ---------------------------------------------------------------------------------------------

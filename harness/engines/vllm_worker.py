@@ -29,6 +29,7 @@ import os
 import sys
 import time
 import traceback
+from typing import Any
 
 # Run as a script, this file's folder heads sys.path, and its sibling vllm.py would shadow the real
 # vLLM package: drop it.
@@ -55,7 +56,7 @@ def _classify(exc: BaseException) -> str:
         m in text for m in REFUSAL_MARKERS) else "error"
 
 
-def _write(fh, obj: dict) -> None:
+def write_line(fh: Any, obj: dict[str, Any]) -> None:
     fh.write(json.dumps(obj, sort_keys=True) + "\n")
     fh.flush()
 
@@ -66,6 +67,33 @@ def _logprob_rows(step: dict, chosen: int, k: int) -> tuple[list[int], list[floa
     chosen_lp = step[chosen].logprob if chosen in step else float("nan")
     top = items[:k] if k > 0 else items
     return [int(t) for t, _ in top], [float(v) for _, v in top], float(chosen_lp)
+
+
+def output_fields(result: Any, k: int) -> dict[str, Any]:
+    """The JSON fields of one vLLM RequestOutput: generated ids, text, per-position top-k."""
+    o = result.outputs[0]
+    ids = [int(t) for t in o.token_ids]
+    top_ids, top_lps, chosen = [], [], []
+    for tid, step in zip(ids, o.logprobs or [], strict=False):
+        ti, tl, c = _logprob_rows(step, tid, k)
+        top_ids.append(ti)
+        top_lps.append(tl)
+        chosen.append(c)
+    return {"token_ids": ids, "text": o.text,
+            "top_ids": top_ids if o.logprobs else None,
+            "top_logprobs": top_lps if o.logprobs else None,
+            "chosen_logprobs": chosen if o.logprobs else None,
+            "finish_reason": o.finish_reason or "",
+            "num_cached_tokens": getattr(result, "num_cached_tokens", None)}
+
+
+def exit_without_teardown(rc: int) -> None:
+    """Leave now. vLLM's interpreter teardown has been seen to abort ("terminate called without an
+    active exception", exit -6) after every result was written; the parent kills this process
+    group (the engine-core processes) whatever happens."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def _score(llm, sampling_params, score: dict | None, seed: int) -> tuple[list[dict], float]:
@@ -148,7 +176,7 @@ def main(request_path: str, result_path: str) -> int:
 
             llm = LLM(model=req["model"], **req.get("engine", {}))
         except BaseException as e:  # noqa: BLE001 - any start failure becomes a verdict
-            _write(out, {"kind": _classify(e), "reason": f"{type(e).__name__}: {e}",
+            write_line(out, {"kind": _classify(e), "reason": f"{type(e).__name__}: {e}",
                          "traceback": traceback.format_exc()[-4000:]})
             return 3
         t_start = time.perf_counter() - t0
@@ -175,7 +203,7 @@ def main(request_path: str, result_path: str) -> int:
                 for c, r in zip(req["cases"], results, strict=True)]}
         scored, t_score = _score(llm, SamplingParams, score, int(s.get("seed", 0)))
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
-        _write(out, {
+        write_line(out, {
             "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
             "timings": {"engine_start_s": t_start, "generate_s": t_gen,
                         **({"score_s": t_score} if scored else {})},
@@ -186,33 +214,12 @@ def main(request_path: str, result_path: str) -> int:
             "cache_dtype": str(getattr(cache, "cache_dtype", "")),
         })
         for case, r in zip(req["cases"], results, strict=True):
-            o = r.outputs[0]
-            ids = [int(t) for t in o.token_ids]
-            top_ids, top_lps, chosen = [], [], []
-            for tid, step in zip(ids, o.logprobs or [], strict=False):
-                ti, tl, c = _logprob_rows(step, tid, k)
-                top_ids.append(ti)
-                top_lps.append(tl)
-                chosen.append(c)
-            _write(out, {
-                "kind": "case", "id": case["id"], "token_ids": ids, "text": o.text,
-                "top_ids": top_ids if o.logprobs else None,
-                "top_logprobs": top_lps if o.logprobs else None,
-                "chosen_logprobs": chosen if o.logprobs else None,
-                "finish_reason": o.finish_reason or "",
-                "num_cached_tokens": getattr(r, "num_cached_tokens", None),
-            })
+            write_line(out, {"kind": "case", "id": case["id"], **output_fields(r, k)})
         for line in scored:
-            _write(out, line)
-        _write(out, {"kind": "end"})  # every result is written: the exit code no longer matters
+            write_line(out, line)
+        write_line(out, {"kind": "end"})  # every result is written: the exit code no longer matters
     return 0
 
 
 if __name__ == "__main__":
-    rc = main(sys.argv[1], sys.argv[2])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip the interpreter's teardown: vLLM's has been seen to abort there ("terminate called
-    # without an active exception", exit -6) after every result was written. The parent kills
-    # this process group (the engine-core processes) whatever happens.
-    os._exit(rc)
+    exit_without_teardown(main(sys.argv[1], sys.argv[2]))

@@ -170,7 +170,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     ``concurrency``: requests in flight (None: the runner's default). ``oracle_speed``: also replay
     the cases on the pinned vLLM at the same concurrency, after the candidate has stopped, so the
     record can state a candidate/oracle speed ratio (one more engine start); a :class:`Speed`
-    measured earlier in the same session (``make matrix``) is used as is; a string says why not.
+    measured earlier in the same run (``make matrix``) is used as is; a string says why not.
     """
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)

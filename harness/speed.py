@@ -133,7 +133,7 @@ def speed_extra(runner: Any, cases: Any, sampling: Any, model: Any, run_dir: Any
     """The record's ``speed`` entry: the candidate's, the oracle's, and their ratio.
 
     ``oracle``: True measures it now, after the candidate has stopped (they never share the CPU);
-    a :class:`Speed` was measured earlier in the same session; a string says why there is none.
+    a :class:`Speed` was measured earlier in the same run; a string says why there is none.
     """
     cand = candidate_speed(runner, len(cases), concurrency) if candidate_ran else None
     if cand is None:

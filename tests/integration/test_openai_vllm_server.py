@@ -1,7 +1,7 @@
 """A REAL vLLM OpenAI server on loopback, gated on smoke: same verdicts as the offline engine.
 
 Two engine starts (≈1.5 min each on 2 cores): the offline pinned vLLM at c4 (the ``vllm``
-candidate, whose timing is also the oracle's speed for this session), then ONE server that the
+candidate, whose timing is also the oracle's speed for this test module), then ONE server that the
 harness starts itself (``vllm-server``), gates over HTTP at c4, and must leave stopped.
 """
 

@@ -69,6 +69,19 @@ def _logprob_rows(step: dict, chosen: int, k: int) -> tuple[list[int], list[floa
     return [int(t) for t, _ in top], [float(v) for _, v in top], float(chosen_lp)
 
 
+def start_llm(req: dict[str, Any], out: Any) -> Any:
+    """``vllm.LLM(model, **engine)`` from a request, or None after writing why it did not start
+    (a ``refused`` or ``error`` line with the traceback's tail): a start failure becomes a verdict."""
+    try:
+        from vllm import LLM
+
+        return LLM(model=req["model"], **req.get("engine", {}))
+    except BaseException as e:  # noqa: BLE001 - any start failure becomes a verdict
+        write_line(out, {"kind": _classify(e), "reason": f"{type(e).__name__}: {e}",
+                         "traceback": traceback.format_exc()[-6000:]})
+        return None
+
+
 def output_fields(result: Any, k: int) -> dict[str, Any]:
     """The JSON fields of one vLLM RequestOutput: generated ids, text, per-position top-k."""
     o = result.outputs[0]
@@ -170,15 +183,11 @@ def main(request_path: str, result_path: str) -> int:
         req = json.load(f)
     with open(result_path, "w") as out:
         t0 = time.perf_counter()
-        try:
-            import vllm
-            from vllm import LLM, SamplingParams
-
-            llm = LLM(model=req["model"], **req.get("engine", {}))
-        except BaseException as e:  # noqa: BLE001 - any start failure becomes a verdict
-            write_line(out, {"kind": _classify(e), "reason": f"{type(e).__name__}: {e}",
-                         "traceback": traceback.format_exc()[-4000:]})
+        llm = start_llm(req, out)
+        if llm is None:
             return 3
+        import vllm
+        from vllm import SamplingParams
         t_start = time.perf_counter() - t0
         s = req["sampling"]
         k = int(s.get("logprobs", 5))

@@ -27,6 +27,7 @@ import torch
 
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.pages import PageRef
+from harness.kv.plan import PagePlan
 
 Side = Literal["written", "restored"]
 
@@ -323,3 +324,14 @@ def worker_rank() -> int:
         return int(get_tensor_model_parallel_rank())
     except Exception:  # noqa: BLE001 - outside an engine there is no group
         return int(os.environ.get("RANK", "0"))
+
+
+def record_planned(capture: CaptureWriter, side: Any, layer: str, kv: torch.Tensor,
+                   pages: Sequence[PagePlan], step: int) -> None:
+    """Record the planned pages of one layer as they sit in the paged buffer ``kv`` (both the
+    harness connector and the tap call this, on the write side and on the restore side)."""
+    rank = worker_rank()
+    data = gather(kv, [p.block_id for p in pages])
+    refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]
+    tags = [PageTag(p.req, p.case, p.lane) for p in pages]
+    capture.pages(side, refs, tags, data, keep_bytes=[not p.dup for p in pages], step=step)

@@ -35,7 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, gather, worker_rank
+from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, gather, record_planned, worker_rank
 from harness.kv.config import HarnessKVConfig, chunk_size_problem
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore
@@ -270,7 +270,7 @@ class HarnessKVConnector(KVConnectorBase_V1):
                  if p.group == g.index and (layer_name, g.index, p.block_id) not in self._failed]
         kv = self._cache(layer_name)
         if pages and kv is not None:
-            self._record("restored", layer_name, kv, pages, meta.step)
+            record_planned(self.capture, "restored", layer_name, kv, pages, meta.step)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
@@ -296,13 +296,6 @@ class HarnessKVConnector(KVConnectorBase_V1):
                 refs = [PageRef(p.key, layer_name, p.group, p.start, p.end, rank) for p in pages]
                 tags = [PageTag(p.req, p.case, p.lane) for p in pages]
                 self.capture.pages("written", refs, tags, data, digests=digests, step=meta.step)
-
-    def _record(self, side: Any, layer: str, kv: torch.Tensor, pages: list[PagePlan], step: int) -> None:
-        rank = worker_rank()
-        data = gather(kv, [p.block_id for p in pages])
-        refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]
-        tags = [PageTag(p.req, p.case, p.lane) for p in pages]
-        self.capture.pages(side, refs, tags, data, keep_bytes=[not p.dup for p in pages], step=step)
 
     def wait_for_save(self) -> None:
         return None

@@ -15,7 +15,7 @@ in ``SamplingParams.extra_args["harness_kv"]`` and may skip reading any cache
 RESULT.jsonl: ``{"kind": "meta", "version", "timings": {"engine_start_s", "pass_<name>_s", ...}}``
 then one ``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per
 request, then ``{"kind": "end"}``. A start failure writes
-``{"kind": "error", "reason", "traceback"}`` and exits 3.
+``{"kind": "refused"|"error", "reason", "traceback"}`` and exits 3.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-import traceback
 
-from harness.engines.vllm_worker import exit_without_teardown, output_fields, write_line
+from harness.engines.vllm_worker import exit_without_teardown, output_fields, start_llm, write_line
 
 
 def main(request_path: str, result_path: str) -> int:
@@ -33,15 +32,11 @@ def main(request_path: str, result_path: str) -> int:
         req = json.load(f)
     with open(result_path, "w") as out:
         t0 = time.perf_counter()
-        try:
-            import vllm
-            from vllm import LLM, SamplingParams
-
-            llm = LLM(model=req["model"], **req.get("engine", {}))
-        except BaseException as e:  # noqa: BLE001 - any start failure is reported, not raised
-            write_line(out, {"kind": "error", "reason": f"{type(e).__name__}: {e}",
-                         "traceback": traceback.format_exc()[-6000:]})
+        llm = start_llm(req, out)
+        if llm is None:
             return 3
+        import vllm
+        from vllm import SamplingParams
         timings = {"engine_start_s": time.perf_counter() - t0}
         s = req["sampling"]
         k = int(s.get("logprobs", 5))

@@ -30,9 +30,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
-from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, gather, worker_rank
+from harness.kv.capture import CaptureWriter, SchedulerLog, record_planned, worker_rank
 from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
-from harness.kv.pages import PageRef
 from harness.kv.plan import PagePlan, RequestTracker, groups_of, log_setup
 
 if TYPE_CHECKING:
@@ -171,7 +170,7 @@ class HarnessTapConnector(KVConnectorBase_V1):
         kv = self._cache(layer_name)
         if pages and kv is not None:
             self._plant(layer_name, kv, pages)
-            self._record("restored", layer_name, kv, pages, meta.step)
+            record_planned(self.capture, "restored", layer_name, kv, pages, meta.step)
 
     def _plant(self, layer: str, kv: torch.Tensor, pages: list[PagePlan]) -> None:
         """Tap controls: flip one byte of one restored page in the buffer, as a faulty connector would."""
@@ -203,14 +202,7 @@ class HarnessTapConnector(KVConnectorBase_V1):
             return
         pages = [p for p in meta.write if p.group == g.index]
         if pages:
-            self._record("written", layer_name, kv_layer, pages, meta.step)
-
-    def _record(self, side: Any, layer: str, kv: torch.Tensor, pages: list[PagePlan], step: int) -> None:
-        rank = worker_rank()
-        data = gather(kv, [p.block_id for p in pages])
-        refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]
-        tags = [PageTag(p.req, p.case, p.lane) for p in pages]
-        self.capture.pages(side, refs, tags, data, keep_bytes=[not p.dup for p in pages], step=step)
+            record_planned(self.capture, "written", layer_name, kv_layer, pages, meta.step)
 
     def wait_for_save(self) -> None:
         self.inner.wait_for_save()

@@ -14,6 +14,7 @@ from typing import Any
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Runner, Verdict
 from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
 from harness.controls import guard, suite_controls
+from harness.device import device_block, engine_fingerprint
 from harness.distribution import FIGURES, Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
 from harness.goldens import (
@@ -81,7 +82,7 @@ def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin 
         outputs=outputs, oracle=EngineInfo("oracle", "vllm", info.version, settings=info.settings),
         pin=pin, provenance={
             "harness_sha": sha, "harness_dirty": git_dirty(ws.root), "platform": platform_facts(),
-            "created": now_utc(),
+            "device": device_block("cpu", engine_fingerprint(runner.meta)), "created": now_utc(),
             "timings": {**runner.timings, "record_wall_s": time.perf_counter() - t0}})
     return read_golden(folder, model_name=model.name, suite_name=suite.name)
 

@@ -100,6 +100,31 @@ def output_fields(result: Any, k: int) -> dict[str, Any]:
             "num_cached_tokens": getattr(result, "num_cached_tokens", None)}
 
 
+def kernel_facts() -> dict[str, Any]:
+    """Which CPU kernels this engine process really uses: vLLM's compiled libraries mapped into it
+    (``_C``, ``_C_AVX512``, ``_C_AVX2``: the one ``import_kernels`` chose; from /proc/self/maps,
+    Linux only), torch's ATen CPU capability, and what ``torch.cpu``'s feature probes answer
+    (vLLM chooses libraries and attention/GEMM paths by them)."""
+    libs: list[str] = []
+    try:
+        with open("/proc/self/maps") as fh:
+            names = {line.rsplit("/", 1)[-1].strip() for line in fh if "/vllm/_C" in line}
+        libs = sorted(n.split(".", 1)[0] for n in names if n.endswith(".so"))
+    except OSError:
+        pass
+    facts: dict[str, Any] = {"kernel_libraries": libs}
+    try:
+        import torch
+
+        facts["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        facts["cpu_probes"] = {name: bool(getattr(torch.cpu, f"_is_{name}_supported")())
+                               for name in ("avx2", "avx512", "avx512_bf16", "amx_tile")
+                               if hasattr(torch.cpu, f"_is_{name}_supported")}
+    except Exception as e:  # noqa: BLE001 - facts for the record, never a reason to fail the run
+        facts["error"] = f"{type(e).__name__}: {e}"
+    return facts
+
+
 def exit_without_teardown(rc: int) -> None:
     """Leave now. vLLM's interpreter teardown has been seen to abort ("terminate called without an
     active exception", exit -6) after every result was written; the parent kills this process
@@ -221,6 +246,7 @@ def main(request_path: str, result_path: str) -> int:
             "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
             "block_size": getattr(cache, "block_size", None),
             "cache_dtype": str(getattr(cache, "cache_dtype", "")),
+            "kernel": kernel_facts(),
         })
         for case, r in zip(req["cases"], results, strict=True):
             write_line(out, {"kind": "case", "id": case["id"], **output_fields(r, k)})

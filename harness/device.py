@@ -26,15 +26,10 @@ The tier is what vLLM's CPU build and torch choose kernels by; a suffix means th
 steered apart, so such a run never counts as the plain tier's class. Not in the class (recorded in
 the fingerprint only): CPU vendor and model, thread count, AVX-512 VNNI (int8 paths only).
 
-**Emulation** (``HARNESS_CPU_ISA=avx2|avx512|avx512bf16``): a CPU with a larger ISA runs every engine
-on the kernels of a smaller one. :func:`steer_cpu_isa` (called when ``harness`` is imported) sets
-``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA`` and ``MKL_ENABLE_INSTRUCTIONS``, puts
-``harness/device_hook`` first on ``PYTHONPATH`` (its ``sitecustomize`` makes ``torch.cpu``'s feature
-probes deny what lies above, in every child Python process: vLLM worker, engine core, so vLLM loads
-the emulated ISA's kernel library and picks its attention/GEMM paths as that CPU would) and gives
-vLLM a compile cache of its own (``VLLM_CACHE_ROOT``/harness-cpu-isa-<isa>), since vLLM keys that
-cache by configuration and model path, not by ISA. The fingerprint of a steered run says so (``steering``) and
-its class is the emulated one.
+**Emulation** (``HARNESS_CPU_ISA=avx2|avx512|avx512bf16``, ``harness.device_emulation``): a CPU
+with a larger ISA runs every engine on the kernels of a smaller one. The fingerprint of a steered
+run says so (``steering``) and its class is the emulated one; :data:`EMULABLE` states what each
+emulated ISA keeps of the CPU's flags and caps each library at.
 """
 
 from __future__ import annotations
@@ -44,7 +39,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +62,7 @@ ONEDNN_RANK = {isa: i for i, isa in enumerate((
 MKL_RANK = {isa: i for i, isa in enumerate((
     "SSE4_2", "AVX", "AVX2", "AVX512", "AVX512_E1", "AVX512_E2", "AVX512_E3", "AVX512_E4",
     "AVX512_E5", "AVX10"))}
-_TIER_ORDER = ("baseline", "avx2", "avx512", "avx512bf16", "amx")
+TIER_ORDER = ("baseline", "avx2", "avx512", "avx512bf16", "amx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,71 +148,11 @@ def vllm_cpu_library(arch: str, flags: set[str] | frozenset[str] | list[str]) ->
     return "_C_AVX2"
 
 
-# ---------------------------------------------------------------- steering (emulation)
-
-def steering_env(isa: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment variables that run every engine on ``isa``'s kernels (pure; see
-    :func:`steer_cpu_isa`). Refuses an unknown ISA and a variable already set to another value."""
-    spec = EMULABLE.get(isa)
-    if spec is None:
-        raise DeviceError(f"{CPU_ISA_ENV}={isa!r}: not an emulable CPU ISA; use one of "
-                          f"{', '.join(EMULABLE)} (or leave it unset)")
-    want = {"ATEN_CPU_CAPABILITY": spec.aten, "ONEDNN_MAX_CPU_ISA": spec.onednn,
-            "MKL_ENABLE_INSTRUCTIONS": spec.mkl}
-    for key, value in want.items():
-        have = environ.get(key)
-        if have is not None and have.lower() != value.lower():
-            raise DeviceError(f"{CPU_ISA_ENV}={isa} sets {key}={value}, but {key}={have} is already "
-                              f"set: unset one of them")
-    if (dnnl := environ.get("DNNL_MAX_CPU_ISA")) and dnnl.upper() != spec.onednn:
-        raise DeviceError(f"{CPU_ISA_ENV}={isa} sets ONEDNN_MAX_CPU_ISA={spec.onednn}, but "
-                          f"DNNL_MAX_CPU_ISA={dnnl} is set: unset it")
-    path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    hook = str(HOOK_DIR)
-    # vLLM's compile cache is keyed by config and model path, not by ISA: an emulated run must
-    # neither load nor leave kernels compiled for another ISA, so it gets a cache of its own.
-    cache = environ.get("VLLM_CACHE_ROOT") or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm")
-    own = f"harness-cpu-isa-{isa}"
-    if os.path.basename(os.path.normpath(cache)) != own:
-        cache = os.path.join(cache, own)
-    return {**want, "PYTHONPATH": os.pathsep.join([hook, *(p for p in path if p != hook)]),
-            "VLLM_CACHE_ROOT": cache}
-
-
-def steer_cpu_isa(environ: MutableMapping[str, str] | None = None,
-                  cpu: Mapping[str, Any] | None = None) -> str | None:
-    """Apply ``HARNESS_CPU_ISA`` to this process and, through the environment, to every process it
-    starts. Returns the ISA, or None when unset. Refuses an ISA above the CPU's own (nothing can
-    emulate instructions the CPU lacks). Called when ``harness`` is imported, before torch runs a
-    kernel: ATen reads its capability once, at its first dispatched op. ``environ`` and ``cpu``
-    (parsed cpuinfo) default to this process's; given, nothing outside them is touched."""
-    env = os.environ if environ is None else environ
-    isa = env.get(CPU_ISA_ENV, "").strip().lower()
-    if not isa:
-        return None
-    cpu = cpu or _host_cpu()
-    spec = EMULABLE.get(isa)
-    if spec is not None and cpu["arch"] in ("x86_64", "AMD64"):
-        have = cpu_tier(cpu["arch"], cpu["flags"])
-        if _TIER_ORDER.index(have) < _TIER_ORDER.index(spec.name):
-            raise DeviceError(f"{CPU_ISA_ENV}={isa}: this CPU ({cpu['model']}) is {have}; it can "
-                              f"emulate a smaller ISA, not a larger one")
-    elif spec is not None:
-        raise DeviceError(f"{CPU_ISA_ENV}={isa}: x86 ISAs cannot be emulated on {cpu['arch']}")
-    env.update(steering_env(isa, env))
-    if environ is None:
-        from harness.device_hook.sitecustomize import install
-
-        install(isa)  # torch.cpu's probes in this process too (transformers runs here)
-        _fingerprint.cache_clear()
-    return isa
-
-
 # ---------------------------------------------------------------- the fingerprint
 
 @functools.cache
-def _host_cpu() -> dict[str, Any]:
+def host_cpu() -> dict[str, Any]:
+    """This machine's CPU (:func:`parse_cpuinfo` of ``/proc/cpuinfo``; cached)."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
@@ -307,7 +242,7 @@ def build_fingerprint(cpu: Mapping[str, Any], environ: Mapping[str, str], torch:
 
 @functools.cache
 def _fingerprint() -> dict[str, Any]:
-    cpu = _host_cpu()
+    cpu = host_cpu()
     fp = build_fingerprint(cpu, os.environ, _torch_facts(), None, _gpu_facts())
     fp["vllm"] = _vllm_facts(cpu["arch"], fp["cpu"]["effective_flags"])
     return fp

@@ -24,10 +24,9 @@ from harness.device import (
     fingerprint,
     parse_cpuinfo,
     recorded_class,
-    steer_cpu_isa,
-    steering_env,
     vllm_cpu_library,
 )
+from harness.device_emulation import steer_cpu_isa, steering_env
 from harness.device_hook.sitecustomize import steer
 
 _X86 = """processor\t: 0
@@ -152,7 +151,9 @@ def test_steering_env_refuses_unknown_isas_and_conflicting_settings() -> None:
     env = steering_env("avx2", {"PYTHONPATH": "/somewhere"})
     assert env["ATEN_CPU_CAPABILITY"] == "avx2" and env["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
     assert env["PYTHONPATH"].split(os.pathsep) == [str(HOOK_DIR), "/somewhere"]
-    assert steering_env("avx2", env)["PYTHONPATH"] == env["PYTHONPATH"]  # idempotent
+    assert env["VLLM_CACHE_ROOT"].endswith(os.path.join("vllm", "harness-cpu-isa-avx2"))
+    assert steering_env("avx2", env) == env  # idempotent: a child harness process applies it again
+    assert steering_env("avx2", {"VLLM_CACHE_ROOT": "/c"})["VLLM_CACHE_ROOT"] == "/c/harness-cpu-isa-avx2"
     with pytest.raises(DeviceError, match="HARNESS_CPU_ISA='sse'.*avx2, avx512, avx512bf16"):
         steering_env("sse", {})
     with pytest.raises(DeviceError, match="ATEN_CPU_CAPABILITY=avx512 is already set"):

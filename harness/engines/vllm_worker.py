@@ -100,19 +100,46 @@ def output_fields(result: Any, k: int) -> dict[str, Any]:
             "num_cached_tokens": getattr(result, "num_cached_tokens", None)}
 
 
+def _process_tree(root: int) -> list[int]:
+    """``root`` and its live descendants (vLLM's engine-core and worker processes), from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parent[int(entry)] = int(fh.read().rsplit(")", 1)[-1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, todo = [root], [root]
+    while todo:
+        me = todo.pop()
+        kids = [pid for pid, ppid in parent.items() if ppid == me]
+        tree += kids
+        todo += kids
+    return tree
+
+
 def kernel_facts() -> dict[str, Any]:
-    """Which CPU kernels this engine process really uses: vLLM's compiled libraries mapped into it
-    (``_C``, ``_C_AVX512``, ``_C_AVX2``: the one ``import_kernels`` chose; from /proc/self/maps,
-    Linux only), torch's ATen CPU capability, and what ``torch.cpu``'s feature probes answer
-    (vLLM chooses libraries and attention/GEMM paths by them)."""
-    libs: list[str] = []
+    """Which CPU kernels this engine really uses: vLLM's compiled libraries (``_C``,
+    ``_C_AVX512``, ``_C_AVX2``: the one ``import_kernels`` chose) mapped into this process or its
+    engine-core / worker processes (their /proc/<pid>/maps; Linux only), torch's ATen CPU
+    capability, and what ``torch.cpu``'s feature probes answer (vLLM chooses libraries and
+    attention/GEMM paths by them)."""
+    libs: set[str] = set()
+    seen = 0
     try:
-        with open("/proc/self/maps") as fh:
-            names = {line.rsplit("/", 1)[-1].strip() for line in fh if "/vllm/_C" in line}
-        libs = sorted(n.split(".", 1)[0] for n in names if n.endswith(".so"))
+        for pid in _process_tree(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/maps") as fh:
+                    names = {line.rsplit("/", 1)[-1].strip() for line in fh if "/vllm/_C" in line}
+            except OSError:
+                continue
+            found = {n.split(".", 1)[0] for n in names if n.endswith(".so")}
+            seen += bool(found)
+            libs |= found
     except OSError:
         pass
-    facts: dict[str, Any] = {"kernel_libraries": libs}
+    facts: dict[str, Any] = {"kernel_libraries": sorted(libs), "processes_with_kernels": seen}
     try:
         import torch
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 from typing import Any
 
@@ -265,3 +266,29 @@ def test_an_engine_child_is_fingerprinted_with_its_own_steering_and_report() -> 
     assert leaky["vllm"]["kernel_library_predicted"] == "_C_AVX2"
     # nothing reported, nothing steered: this process's view
     assert device_class(engine_fingerprint(None, {}), "cpu") == device_class(host, "cpu")
+
+
+def test_the_vllm_worker_looks_for_kernel_libraries_in_its_whole_process_tree() -> None:
+    """The engine core is a grandchild of the worker's parent: the worker reads every descendant's
+    memory map, not only its own (its own may not hold vLLM's kernels)."""
+    import importlib.util
+
+    from harness.engines.vllm import WORKER
+
+    spec = importlib.util.spec_from_file_location("vllm_worker_under_test", WORKER)
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    try:
+        for _ in range(100):
+            tree = worker._process_tree(os.getpid())
+            if len(tree) >= 3:
+                break
+            time.sleep(0.05)
+        assert tree[0] == os.getpid() and child.pid in tree and len(tree) >= 3  # sh and its sleep
+    finally:
+        child.kill()
+        child.wait()
+    facts = worker.kernel_facts()
+    assert isinstance(facts["kernel_libraries"], list) and "cpu_capability" in facts

@@ -1,4 +1,4 @@
-"""Which kernels a run really used: a device fingerprint, a short device class, and ISA steering.
+"""Which kernels a run really used: a device fingerprint and a short, stable device class.
 
 Floats are reproducible bit for bit only where the same kernels ran. Which kernels run is decided
 by the CPU's instruction set (torch's ATen dispatch, oneDNN's JIT, MKL, the vLLM CPU library

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from harness.gate import load_or_record
 from harness.models import resolve_model
-from harness.models.tiny import check
+from harness.models.tiny import SPECS, check
 from harness.suites import find_suite
 from harness.workspace import REPO_ROOT, Workspace
 
 
-def test_committed_tiny_llama_is_what_the_script_builds() -> None:
-    assert check("tiny-llama", REPO_ROOT / "models" / "tiny-llama") == []
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_committed_tiny_model_is_what_the_script_builds(name: str) -> None:
+    """Every committed file of every tiny family is byte-identical to a fresh build."""
+    assert check(name, REPO_ROOT / "models" / name) == []
 
 
 def test_tiny_llama_is_not_all_near_ties() -> None:

@@ -231,7 +231,7 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
     """
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
-    cases = suite.build_cases(model.encode)
+    cases = suite.build_cases(model.encode, model.limits)
     if arms is None:
         a, b, timings = run_arms(ws, model, suite, a_spec, b_spec)
     else:

@@ -15,8 +15,8 @@ A record is **stale** when any of these holds (each gives one line of why):
   ``requirements/oracle.txt`` pins now ("goldens predate the pin").
 * **suite version** differs from ``suites/<suite>.toml``, or the **golden checksums** differ from the
   committed ``goldens/<model>/<suite>/manifest.json`` (re-recorded or deleted since).
-* **model digest** differs from the committed model's content digest (or, for models that are not
-  committed, from the committed goldens' digest).
+* **model digest** differs from the committed model's content digest, or a built model's pinned
+  one (for any other model, from the committed goldens' digest).
 """
 
 from __future__ import annotations
@@ -108,11 +108,10 @@ class Current:
 
     def model_digest(self, model: str, suite: str) -> str | None:
         def compute() -> str | None:
-            from harness.models import content_digest
+            from harness.models import known_digest
 
-            folder = self.ws.models / model
-            if (folder / "config.json").exists():
-                return content_digest(folder)
+            if (digest := known_digest(model, self.ws)) is not None:
+                return digest
             m = self.golden_manifest(model, suite)
             return (m or {}).get("model", {}).get("digest")
         return self._memo(("model", model, suite), compute)

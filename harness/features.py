@@ -625,8 +625,10 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
         suites = sorted({f"{x.suite.get('name')} v{x.suite.get('version')}" for x in recs})
         links = ", ".join(f"[{i + 1}]({r.lr.path})" for i, r in enumerate(vs))
         cited += [r.lr.path for r in vs]
+        facts = recs[0].model
+        attention = "; ".join(filter(None, (facts.get("attention", "—"), facts.get("experts"))))
         out.append(f"| {md(m)} | {md(recs[0].model.get('architecture', '—'))} | "
-                   f"{md(recs[0].model.get('attention', '—'))} | {', '.join(versions)} | "
+                   f"{md(attention)} | {', '.join(versions)} | "
                    f"{md('; '.join(cands))} | {', '.join(suites)} | {links} |")
     if not any(verified.values()):
         out.append("| — | | | | | | |")

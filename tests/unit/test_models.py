@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -36,3 +38,19 @@ def test_tiny_llama_has_head_dim_64_and_room_for_long_decodes() -> None:
 
     cfg = json.loads((REPO_ROOT / "models" / "tiny-llama" / "config.json").read_text())
     assert cfg["head_dim"] == 64 and cfg["max_position_embeddings"] >= 2048
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_tiny_family_is_decisive_but_not_only_decisive(name: str) -> None:
+    """transformers' greedy tokens on the smoke prompts: median top-1/top-2 gap >= 1 nat (greedy
+    outputs are not all near-ties), and some positions are real near-ties (< 0.5 nat)."""
+    from harness.models.tiny import greedy_gaps
+
+    ws = Workspace(REPO_ROOT)
+    model = resolve_model(name, ws)
+    suite = find_suite(ws.suites, "smoke")
+    cases = suite.build_cases(model.encode, model.limits)
+    gaps = greedy_gaps(Path(model.path), [list(c.prompt_ids) for c in cases], suite.sampling.max_tokens)
+    assert gaps.size == 8 * 32
+    assert np.median(gaps) >= 1.0, f"{name}: median gap {np.median(gaps):.3f} nats"
+    assert (gaps < 0.5).any(), f"{name}: no near-tie at all"

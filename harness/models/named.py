@@ -74,7 +74,7 @@ def _register_tiny() -> None:
     for spec in SPECS.values():
         register(NamedModel(spec.name, FAMILIES[spec.family].architecture, "committed",
                             f"{spec.summary}; random weights, vocab {spec.vocab_size}",
-                            committed(spec.name), license="the project's"))
+                            committed(spec.name)))
 
 
 _register_tiny()
@@ -126,6 +126,6 @@ def _ensure_smollm2(ws: Workspace) -> Path:
 
 register(NamedModel(
     "smollm2-135m", "LlamaForCausalLM", "built",
-    "SmolLM2-135M-Instruct, trained: 30 layers, GQA 9q/3kv, vocab 49152, tied; dequantized from the "
-    f"Q4_1 GGUF in {SMOLLM2_WHEEL.requirement} on PyPI to float32 (538 MB, built on first use)",
+    f"SmolLM2-135M-Instruct (trained, Apache-2.0), float32 from the Q4_1 GGUF in {SMOLLM2_WHEEL.requirement}"
+    " (PyPI); 538 MB, built on first use",
     _ensure_smollm2, digest=SMOLLM2_DIGEST, license="Apache-2.0"))

@@ -40,10 +40,11 @@ def test_tiny_llama_has_head_dim_64_and_room_for_long_decodes() -> None:
     assert cfg["head_dim"] == 64 and cfg["max_position_embeddings"] >= 2048
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("name", sorted(set(SPECS) - {"tiny-llama"}))  # tiny-llama: its goldens, above
 def test_every_tiny_family_is_decisive_but_not_only_decisive(name: str) -> None:
     """transformers' greedy tokens on the smoke prompts: median top-1/top-2 gap >= 1 nat (greedy
-    outputs are not all near-ties), and some positions are real near-ties (< 0.5 nat)."""
+    outputs are not all near-ties), and some positions are real near-ties (< 0.5 nat). (vLLM's
+    goldens give the same medians to 1e-3: 1.39, 2.13, 2.20, 1.29 nats.)"""
     from harness.models.tiny import greedy_gaps
 
     ws = Workspace(REPO_ROOT)

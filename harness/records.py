@@ -21,9 +21,14 @@ from typing import Any, Literal
 
 from harness.api import EngineInfo, Verdict
 
-SCHEMA = 1
+SCHEMA = 2
+"""2: ``EngineInfo.environment`` holds where and how an engine ran, apart from its settings; and
+record kinds are gate kind names. Schema-1 records are read as schema 2 (:func:`upgrade`)."""
 KIND_ALIASES = {"gate": "parity", "kv": "kv_roundtrip"}
 """Record kinds written before gate kinds had the suite kinds' names."""
+RECORDED_ORACLE = "recorded_oracle_"
+"""Prefix of the timings copied from the goldens' manifest: the oracle's engine start and generate
+times *when the goldens were recorded*, not in this run."""
 
 Outcome = Literal["pass", "fail", "error", "refused", "skip", "vacuous"]
 """A gate's overall result. ``vacuous``: the comparators passed, but a planted mutation passed too,
@@ -101,6 +106,7 @@ class Record:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Record:
+        d = upgrade(d)
         return cls(
             id=d["id"], kind=d["kind"], created=d["created"],
             model=d["model"], suite=d["suite"],
@@ -113,6 +119,25 @@ class Record:
             platform=d.get("platform", {}), device=d.get("device", {}), extra=d.get("extra", {}),
             schema=d.get("schema", SCHEMA),
         )
+
+
+ENVIRONMENT_KEYS_V1 = frozenset({
+    "base_url", "api_key_env", "api_key_set", "timeout_s", "request_timeout_s", "retries", "breaker",
+    "system_fingerprint", "protocol", "server_args", "venv", "returncode", "problems"})
+"""Keys schema-1 records kept among a candidate's settings that describe where and how it ran
+(loopback URLs, timeouts, venv install facts), none of which can change an output."""
+
+
+def upgrade(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A record as the current schema reads it (the file itself is never rewritten)."""
+    d = dict(d)
+    if d.get("schema", 1) < 2 and isinstance(d.get("candidate"), Mapping):
+        cand = dict(d["candidate"])
+        settings = dict(cand.get("settings") or {})
+        env = {k: settings.pop(k) for k in sorted(ENVIRONMENT_KEYS_V1 & set(settings))}
+        cand.update(settings=settings, environment={**env, **dict(cand.get("environment") or {})})
+        d["candidate"] = cand
+    return d
 
 
 def outcome_of(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.controls import vacuates
-from harness.records import Record
+from harness.records import RECORDED_ORACLE, Record
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "red", "refused": "yellow", "skip": "dim",
          "vacuous": "bold magenta"}
@@ -107,8 +107,15 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
                        Text("ok" if c.ok else "VACUOUS" if vacuates(c) else "positive control failed",
                             style="green" if c.ok else "bold magenta"))
         con.print(ct)
-    timing = ", ".join(f"{k} {v:.2f}" for k, v in sorted(rec.timings.items()) if k.endswith("_s"))
-    con.print(f"[dim]timings (s): {timing}[/dim]")
+    now = {k: v for k, v in rec.timings.items() if k.endswith("_s") and not k.startswith(RECORDED_ORACLE)}
+    then = {k[len(RECORDED_ORACLE):]: v for k, v in rec.timings.items()
+            if k.endswith("_s") and k.startswith(RECORDED_ORACLE)}
+    con.print(f"[dim]timings of this run (s): "
+              f"{', '.join(f'{k} {v:.2f}' for k, v in sorted(now.items()))}[/dim]")
+    if then:
+        when = str(rec.oracle.get("golden_created") or "")[:10]
+        con.print(f"[dim]oracle when the goldens were recorded{f' ({when})' if when else ''}, not in this "
+                  f"run (s): {', '.join(f'{k} {v:.2f}' for k, v in sorted(then.items()))}[/dim]")
     speed = rec.extra.get("speed")
     if isinstance(speed, dict) and speed.get("statement"):
         con.print(Text(f"speed: {speed['statement']}"), highlight=False)

@@ -200,6 +200,63 @@ def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
+def _export_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--csv", type=Path, metavar="FILE", help="write the records dataset as CSV")
+    g.add_argument("--parquet", type=Path, metavar="FILE", help="write the records dataset as Parquet")
+
+
+@command("export", "the records as a dataset (one row per verdict) in CSV or Parquet", _export_args)
+def cmd_export(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.records import frame
+
+    df = frame(ws.records, ws.root)
+    target = a.csv or a.parquet
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    if a.csv:
+        df.to_csv(tmp, index=False)
+    else:
+        df.to_parquet(tmp, index=False)
+    tmp.replace(target)
+    console.print(f"{len(df)} verdicts of {df['record'].nunique() if len(df) else 0} records -> {target}")
+    return 0
+
+
+def _trend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("feature", help="a row id of features.toml")
+    p.add_argument("--metric", default=None, help="e.g. kl.mean, drift.slope_per_1k, near_tie.pass_rate "
+                                                 "(default: the row's first comparator's)")
+    p.add_argument("--column", default=None, help="one column key (default: every candidate)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the PNG (default reports/trends/<feature>.<metric>.png)")
+
+
+@command("trend", "one metric of a FEATURES.md row across the commits of the history (table + PNG)",
+         _trend_args)
+def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
+    from rich.table import Table
+
+    from harness.features import CatalogError
+    from harness.trend import trend
+
+    try:
+        t = trend(ws, a.feature, a.metric, a.column, a.out)
+    except CatalogError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    table = Table(title=f"{t.feature}: {t.metric} across commits (oldest first)")
+    for col in ("commit", "sha", "series", t.metric, "record"):
+        table.add_column(col)
+    for p in t.points:
+        table.add_row(str(p.commit_order), p.sha[:10], p.series, f"{p.value:.6g}", p.record)
+    console.print(table)
+    for p, why in t.outside:
+        console.print(f"[dim]not plotted: {p.record} ({p.sha[:10]}): {why}[/dim]")
+    console.print(f"PNG: {t.png}" if t.png else "no record of this row is in HEAD's history: nothing plotted")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="harness", description="parity gates against a pinned vLLM")
     sub = ap.add_subparsers(dest="cmd", required=True)

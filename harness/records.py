@@ -186,3 +186,74 @@ def load_record(path: Path) -> Record:
 
 def iter_record_paths(records_root: Path) -> Iterator[Path]:
     yield from sorted(p for p in records_root.rglob("*.json") if not p.name.startswith("."))
+
+
+# ---------------------------------------------------------------------------------------------
+# records as a dataset
+
+
+def commit_order(repo: Path) -> dict[str, int]:
+    """SHA -> its position in HEAD's history, oldest first (``git rev-list --topo-order``). A SHA
+    that is not in the history here (an unmerged branch, a shallow clone) is absent."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-list", "--topo-order", "--reverse", "HEAD"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {sha: i for i, sha in enumerate(out.stdout.split())} if out.returncode == 0 else {}
+
+
+def _numbers(prefix: str, d: Mapping[str, Any], out: dict[str, float], depth: int = 0) -> None:
+    """Flatten the scalar numbers of a JSON mapping into ``prefix.key[.key...]`` columns."""
+    for k, v in d.items():
+        key = f"{prefix}.{k}"
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int | float):
+            out[key] = float(v)
+        elif isinstance(v, Mapping) and depth < 2:
+            _numbers(key, v, out, depth + 1)
+
+
+def frame(records_root: Path, repo: Path | None = None, paths: Iterator[Path] | None = None) -> Any:
+    """Every record as a pandas DataFrame: one row per verdict.
+
+    Columns: ``record``, ``path``, ``created``, ``kind``, ``model``, ``suite``, ``suite_version``,
+    ``candidate``, ``engine``, ``engine_version``, ``device_class``, ``sha``, ``dirty``,
+    ``commit_order`` (position of ``sha`` in HEAD's history, NaN when it is not in it),
+    ``outcome``, ``case``, ``comparator``, ``status``, ``gated``, and the figures: every scalar
+    number of the verdict's evidence as ``<comparator>.<key>`` (``kl.mean``, ``kl.p99``,
+    ``drift.slope_per_1k``, ``near_tie.gap_mnats`` ...) and the record's speed ratios
+    (``speed.output_tok_s``, ``speed.ttft_p50``). Unreadable records are skipped.
+    """
+    import pandas as pd
+
+    order = commit_order(repo) if repo is not None else {}
+    rows = []
+    for p in paths if paths is not None else iter_record_paths(records_root):
+        try:
+            rec = load_record(p)
+        except RecordError:
+            continue
+        sha = str(rec.harness.get("sha") or "")
+        ratio = (rec.extra.get("speed") or {}).get("ratio") or {}
+        base = {"record": rec.id, "path": str(p), "created": rec.created, "kind": rec.kind,
+                "model": rec.model.get("name"), "suite": rec.suite.get("name"),
+                "suite_version": rec.suite.get("version"), "candidate": rec.candidate.name,
+                "engine": rec.candidate.engine, "engine_version": rec.candidate.version,
+                "device_class": rec.candidate.environment.get("device_class") or rec.device.get("class"),
+                "sha": sha, "dirty": bool(rec.harness.get("dirty")), "commit_order": order.get(sha),
+                "outcome": rec.outcome}
+        speed = {f"speed.{k}": float(v) for k, v in ratio.items() if isinstance(v, int | float)}
+        for v in rec.verdicts:
+            figures: dict[str, float] = {}
+            _numbers(v.comparator, v.evidence, figures)
+            rows.append({**base, "case": v.case_id, "comparator": v.comparator, "status": v.status,
+                         "gated": v.comparator in rec.gates, **figures, **speed})
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df["created"] = pd.to_datetime(df["created"], utc=True)
+        df["commit_order"] = pd.to_numeric(df["commit_order"], errors="coerce")
+    return df

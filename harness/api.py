@@ -271,6 +271,19 @@ class TensorSource(Protocol):
 
 
 @runtime_checkable
+class SpeedLevels(Protocol):
+    """Optional ability: replay a workload at several concurrencies in one engine start
+    (``harness speed``: c1/c4/c8 beside the oracle). Without it an engine is timed once, at its
+    own concurrency."""
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """Concurrency -> the :class:`~harness.speed.Speed` of the whole workload at it (``start``
+        first; the runner stays started)."""
+        ...
+
+
+@runtime_checkable
 class Comparator(Protocol):
     """Judges a candidate output against the oracle's. Returns a verdict; never asserts or prints."""
 

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -308,6 +308,20 @@ class OpenAIRunner:
         self.speed = Speed(c, len(cases), n_tok, wall, ttfts,
                            "http-stream" if self.protocol.stream else "http")
         return outs
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """The workload at each concurrency in turn, against the same running server."""
+        base, out = self.options, {}
+        try:
+            for c in levels:
+                self.options = replace(base, concurrency=int(c))
+                self.run(cases, sampling)
+                assert self.speed is not None
+                out[int(c)] = self.speed
+        finally:
+            self.options = base
+        return out
 
     def close(self) -> None:
         """Nothing is held between requests (one connection per request)."""

@@ -68,6 +68,7 @@ class VLLMRunner:
         self.meta: dict[str, Any] = {}
         self.case_meta: dict[str, dict[str, Any]] = {}
         self.log_path: Path | None = None
+        self._levels: tuple[int, ...] = ()
 
     def info(self) -> EngineInfo:
         version = self.meta.get("version") or self._version or _installed_version(self.python)
@@ -78,6 +79,21 @@ class VLLMRunner:
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         return self._work(cases, sampling, None)[0]
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """The workload at each concurrency in ``levels``, in one engine start (after one pass at
+        the engine's own concurrency, which warms it up)."""
+        self._levels = tuple(int(c) for c in levels)
+        try:
+            self._work(cases, sampling, None)
+        finally:
+            self._levels = ()
+        return {int(d["concurrency"]): Speed(int(d["concurrency"]), len(cases), int(d["output_tokens"]),
+                                             float(d["wall_s"]),
+                                             tuple(float(t) for t in d["ttft_s"] if t is not None),
+                                             "vllm-offline")
+                for d in self.meta.get("speed_levels", ())}
 
     def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
                       continuations: Mapping[str, Sequence[int]] | None, k: int
@@ -105,6 +121,7 @@ class VLLMRunner:
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
             **({"concurrency": self.concurrency} if self.concurrency else {}),
+            **({"speed_levels": list(self._levels)} if self._levels else {}),
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         with self.log_path.open("w") as log:

@@ -28,6 +28,7 @@ from harness.engines.procs import group_alive, kill_group, parent_death_signal, 
 from harness.engines.venvs import VenvError
 from harness.engines.vllm import START_TIMEOUT_S, default_engine_settings
 from harness.models import ModelRef
+from harness.speed import Speed
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -217,6 +218,11 @@ class VLLMServerRunner:
         outs = self.client.run(cases, sampling)
         self.timings.update(self.client.timings)
         return outs
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        assert self.client is not None, "start() first"
+        return self.client.measure_speeds(cases, sampling, levels)
 
     def close(self) -> None:
         if self.server is not None:

@@ -15,11 +15,11 @@ from pathlib import Path
 from harness.models.arch import ModelLimits
 from harness.models.built import ModelBuildError
 from harness.models.digest import DIGEST_GLOBS, content_digest
-from harness.models.named import MODELS, NamedModel
+from harness.models.named import MODELS, ModelInfo
 from harness.registry import UnknownName, unknown
 from harness.workspace import Workspace
 
-__all__ = ["DIGEST_GLOBS", "MODELS", "ModelBuildError", "ModelLimits", "ModelRef", "NamedModel",
+__all__ = ["DIGEST_GLOBS", "MODELS", "ModelBuildError", "ModelInfo", "ModelLimits", "ModelRef",
            "builtin_models", "content_digest", "known_digest", "resolve_model"]
 
 @dataclass(frozen=True)
@@ -69,15 +69,14 @@ def builtin_models(ws: Workspace) -> list[str]:
     """Every name ``--model`` accepts without a path: the registered models, and any other folder
     under ``models/`` holding a checkpoint."""
     extra = {p.name for p in ws.models.glob("*") if (p / "config.json").exists()}
-    return sorted(set(MODELS) | extra)
+    return sorted(set(MODELS.names()) | extra)
 
 
 def known_digest(name: str, ws: Workspace) -> str | None:
     """The digest ``name`` resolves to, without building anything: a committed folder's content
     digest, a built model's pinned one; None for anything else."""
-    m = MODELS.get(name)
-    if m is not None and m.source == "built":
-        return m.digest
+    if name in MODELS and (info := MODELS.entry(name).meta).source == "built":
+        return info.digest
     folder = ws.models / name
     return content_digest(folder) if (folder / "config.json").exists() else None
 
@@ -86,7 +85,7 @@ def resolve_model(name: str, ws: Workspace) -> ModelRef:
     """``name`` as a registered model (built on first use if it is a built one), a folder under
     ``models/``, a local checkpoint folder, or a hub id (``org/name``)."""
     if name in MODELS:
-        folder = MODELS[name].ensure(ws)
+        folder = MODELS.get(name)(ws)
         return ModelRef(name, str(folder), content_digest(folder))
     builtin = ws.models / name
     if (builtin / "config.json").exists():

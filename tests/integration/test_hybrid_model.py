@@ -13,8 +13,9 @@ import re
 
 import pytest
 
-from harness.gate import record_goldens, run_gate
 from harness.models import resolve_model
+from harness.oracle import record_goldens
+from harness.pipeline import run_gate
 from harness.suites import find_suite
 from harness.workspace import Workspace
 

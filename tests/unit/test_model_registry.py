@@ -9,21 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from harness.models import MODELS, ModelBuildError, NamedModel, builtin_models, known_digest, resolve_model
+from harness.models import MODELS, ModelBuildError, builtin_models, known_digest, resolve_model
 from harness.models.arch import ModelLimits, attention_of, experts_of, model_facts
 from harness.models.digest import content_digest
-from harness.models.named import register
 from harness.models.tiny import SPECS
 from harness.registry import UnknownName
 from harness.workspace import REPO_ROOT, Workspace
 
 
 def test_every_tiny_family_and_smollm2_are_registered() -> None:
-    assert set(SPECS) | {"smollm2-135m"} == set(MODELS)
+    assert set(SPECS) | {"smollm2-135m"} == set(MODELS.names())
     for name in SPECS:
-        assert MODELS[name].source == "committed"
+        assert MODELS.entry(name).meta.source == "committed"
         assert (REPO_ROOT / "models" / name / "config.json").exists()
-    archs = {MODELS[n].architecture for n in MODELS}
+    archs = {e.meta.architecture for e in MODELS.entries()}
     assert archs == {"LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "GPT2LMHeadModel",
                      "Qwen3MoeForCausalLM"}
 
@@ -37,8 +36,8 @@ def test_an_unknown_model_is_answered_with_the_closest_names(workspace: Workspac
 
 
 def test_a_name_is_registered_once() -> None:
-    with pytest.raises(ValueError, match="registered twice"):
-        register(NamedModel("tiny-llama", "LlamaForCausalLM", "committed", "again", lambda ws: Path()))
+    with pytest.raises(ValueError, match="model 'tiny-llama' is registered twice"):
+        MODELS.register("tiny-llama")(lambda ws: Path())
 
 
 def test_a_committed_model_resolves_to_its_folder_and_content_digest(workspace: Workspace) -> None:
@@ -56,7 +55,7 @@ def test_a_missing_committed_model_says_how_to_restore_it(workspace: Workspace) 
 def test_a_built_models_digest_is_known_without_building_it(workspace: Workspace,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HARNESS_MODEL_CACHE", raising=False)
-    assert known_digest("smollm2-135m", workspace) == MODELS["smollm2-135m"].digest
+    assert known_digest("smollm2-135m", workspace) == MODELS.entry("smollm2-135m").meta.digest
     assert not workspace.model_cache.exists(), "knowing the digest must not build anything"
 
 
@@ -71,8 +70,8 @@ def test_harness_list_shows_every_named_model(capsys: pytest.CaptureFixture[str]
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for name, m in MODELS.items():
-        assert name in out and m.architecture in out
+    for e in MODELS.entries():
+        assert e.name in out and e.meta.architecture in out
 
 
 @pytest.mark.parametrize("name, attention, extra", [
@@ -84,7 +83,7 @@ def test_harness_list_shows_every_named_model(capsys: pytest.CaptureFixture[str]
 ])
 def test_model_facts_of_each_family(name: str, attention: str, extra: dict[str, str]) -> None:
     facts = model_facts(REPO_ROOT / "models" / name)
-    assert facts["architecture"] == MODELS[name].architecture
+    assert facts["architecture"] == MODELS.entry(name).meta.architecture
     assert facts["attention"] == attention
     assert ("experts" in facts) == ("experts" in extra)
     for k, v in extra.items():

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.gate import load_or_record
 from harness.models import resolve_model
 from harness.models.tiny import SPECS, check
+from harness.oracle import load_or_record
 from harness.suites import find_suite
 from harness.workspace import REPO_ROOT, Workspace
 

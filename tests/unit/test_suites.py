@@ -130,5 +130,5 @@ def test_the_gate_refuses_a_suite_that_does_not_fit_before_any_engine_starts(
     text = (workspace.suites / "smoke.toml").read_text().replace("max_tokens = 32", "max_tokens = 2040")
     (workspace.suites / "smoke.toml").write_text(text)
     monkeypatch.setenv("HARNESS_ROOT", str(workspace.root))
-    assert main(["gate", "--model", "tiny-gpt2", "--suite", "smoke", "--no-oracle-speed"]) == 2
+    assert main(["gate", "--model", "tiny-gpt2", "--suite", "smoke"]) == 2
     assert not workspace.runs.exists(), "refused before any engine started"

@@ -119,7 +119,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return None
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
     return config.stash.get(SELECTION, None)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.ab import run_ab
+from harness.fleet.machine import device_class
 from harness.fleet.recording import Goldens, with_goldens
 from harness.fleet.spec import Entry
 from harness.gate import run_gate
@@ -41,7 +42,7 @@ class EntryResult:
         return {"id": self.entry.id, "device": self.entry.device, "expect": self.entry.expect,
                 "outcome": self.record.outcome, "summary": self.record.summary, "record": rel,
                 "record_id": self.record.id, "wall_s": round(self.wall_s, 2), "goldens": self.goldens,
-                "worker": self.worker, "host": platform.node()}
+                "worker": self.worker, "host": platform.node(), "device_class": device_class()}
 
 
 def worker_name() -> str:

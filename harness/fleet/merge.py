@@ -174,7 +174,7 @@ def _judge_entries(ws: Workspace, entries: Sequence[Entry], results: Sequence[di
 def _judge_rows(g: Generated, owner: dict[str, Entry], fresh: set[str], ws: Workspace) -> list[str]:
     problems = []
     cat = g.table.catalog
-    for (row_id, col), cell in sorted(g.table.cells.items()):
+    for (row_id, _model, col), cell in sorted(g.table.cells.items()):
         if cell.record not in fresh or col not in {c.key for c in cat.columns}:
             continue
         row = cat.row(row_id)

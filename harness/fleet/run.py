@@ -16,12 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.ab import run_ab
 from harness.fleet.machine import device_class
 from harness.fleet.recording import Goldens, with_goldens
 from harness.fleet.spec import Entry
-from harness.gate import run_gate
 from harness.models import resolve_model
+from harness.pipeline import run_ab, run_gate
 from harness.records import Record
 from harness.workspace import Workspace
 
@@ -63,7 +62,7 @@ def run_entry(ws: Workspace, entry: Entry, *, auto_record: bool = True) -> Entry
         slug = resolve_model(entry.model, ws).slug
         candidate = entry.candidate or "vllm"  # a KV round trip drives the pinned vLLM
 
-        def gate(auto: bool):  # noqa: ANN202 - harness.gate.GateResult
+        def gate(auto: bool):  # noqa: ANN202 - harness.pipeline.GateResult
             return run_gate(ws, entry.model, entry.suite, candidate, auto_record=auto,
                             connector=entry.connector)
 

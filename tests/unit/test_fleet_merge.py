@@ -110,7 +110,7 @@ def test_a_vacuous_record_fails_the_fleet_and_its_gated_row(shards: dict[str, Pa
     ws = fresh(shards, tmp_path)
     m = merge(ws, ws.root / "fleet.toml", [art, shards["shard2"]], write=False)
     assert any("VACUOUS: the gate could not have failed" in p for p in m.problems), m.problems
-    assert m.generated.table.cells[("near-tie", "replay")].state == "vacuous"
+    assert m.generated.table.cell("near-tie", "replay").state == "vacuous"
     assert any("FEATURES.md row near-tie, column replay: VACUOUS" in p for p in m.problems), m.problems
 
 

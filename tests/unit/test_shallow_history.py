@@ -69,9 +69,9 @@ def test_a_shallow_clone_says_it_cannot_check_rather_than_no(origin: dict[str, s
 def test_the_cell_is_honest_in_a_shallow_clone(origin: dict[str, str], tmp_path: Path) -> None:
     shallow = Workspace(clone(origin, tmp_path / "shallow", "--depth", "1"))
     full = Workspace(clone(origin, tmp_path / "full"))
-    cell = generate(full, paths=tracked_records(full)).table.cells[("near-tie", "hf")]
+    cell = generate(full, paths=tracked_records(full)).table.cell("near-tie", "hf")
     assert cell.state == "pass", cell.text
-    cell = generate(shallow, paths=tracked_records(shallow)).table.cells[("near-tie", "hf")]
+    cell = generate(shallow, paths=tracked_records(shallow)).table.cell("near-tie", "hf")
     assert cell.state == "stale", "an unchecked result must never show as ✅"
     assert "cannot be checked: shallow clone" in cell.text
     assert "git fetch --unshallow" in cell.text

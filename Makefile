@@ -20,7 +20,7 @@ help:
 	@echo "make gate CANDIDATE=openai:http://127.0.0.1:8000 [CONCURRENCY=8]  an OpenAI-compatible server"
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
-	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
+	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
@@ -79,5 +79,7 @@ B ?= vllm:dtype=bfloat16
 ab: venv
 	$(BIN)/harness ab --model '$(MODEL)' --suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),ab_smoke)' --a '$(A)' --b '$(B)'
 
+# Hot paths beside their limits (memcpy, the per-token loop, the engine's own wall); one JSON record
+# per run under reports/bench/ (schema in harness/perf.py).
 bench: venv
-	$(BIN)/python benchmarks/compare_throughput.py
+	$(BIN)/python benchmarks/bench.py

@@ -125,9 +125,8 @@ def judge_run(o_tok: np.ndarray, o_ids: np.ndarray, o_lp: np.ndarray, o_chosen: 
         from harness.compare.kl import kl_topk_rest
 
         b = judge_batch(o_tok, o_ids, o_lp, o_chosen, c_tok, c_ids, threshold)
-        kl = kl_topk_rest(o_ids.reshape(-1, k), np.asarray(o_lp, np.float64).reshape(-1, k),
-                          c_ids.reshape(-1, k), np.asarray(c_lp, np.float64).reshape(-1, k)
-                          ).reshape(s_n, length)
+        o64, c64 = (np.maximum(np.asarray(x, np.float64), -69.0).reshape(-1, k) for x in (o_lp, c_lp))
+        kl = kl_topk_rest(o_ids.reshape(-1, k), o64, c_ids.reshape(-1, k), c64).reshape(s_n, length)
         return RunVerdicts(b.first_divergence, b.strict, b.near_tie, b.mutual_topk, kl)
     kl = np.empty((s_n, length))
     mutual = np.empty((s_n, length), np.bool_)

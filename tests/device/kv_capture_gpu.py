@@ -210,7 +210,7 @@ def rates(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.device, sw
     sums = torch.zeros((len(ids) + 64, 4), dtype=torch.int32, device=device)
     configs = [(2048, 8, 8)]
     if sweep:
-        configs = [(b, p, w) for b in (1024, 2048, 4096) for p in (4, 8, 16) for w in (4, 8)]
+        configs = [(b, p, w) for b in (1024, 2048, 4096) for p in (8, 16, 32) for w in (4, 8)]
     tried = {}
     for b, p, w in configs:
         try:
@@ -267,6 +267,15 @@ def capture_pass(cache: list[torch.Tensor], ids: list[int], folder: Path, device
         if mode == "digests":
             expected = got
         r[f"capture_digest_only_{'restore' if mode == 'mismatch' else 'write'}_s_per_pass"] = dt_
+    from harness.kv.digest import cache_digests
+
+    dev_sync(device)
+    t0 = time.perf_counter()
+    for kv in cache:
+        cache_digests(kv, ids)
+    dev_sync(device)
+    r["digest_strings_s_per_pass"] = time.perf_counter() - t0
+    r["digest_strings_note"] = "fused kernel + lane sums to the host + digest strings, no index lines"
     w = CaptureWriter(folder / "full", 0, keep="all")
     dev_sync(device)
     t0 = time.perf_counter()
@@ -279,6 +288,35 @@ def capture_pass(cache: list[torch.Tensor], ids: list[int], folder: Path, device
     r["capture_full_bytes_file"] = os.path.getsize(folder / "full" / "worker-0.pages.bin")
     r["capture_full_bytes_note"] = "fused digests + gather + pinned async copies + write to a file (page cache)"
     os.remove(folder / "full" / "worker-0.pages.bin")
+
+
+def write_bench_record(out: Path) -> Path:
+    """The rates as a bench record (schema in harness.perf), every figure beside its limit."""
+    from harness.perf import Figure, Limit, bench_record, write_bench
+
+    r, shape = RESULTS["rates"], RESULTS["shape"]
+    copy = Limit("device-to-device copy, bytes copied", r["d2d_copy_Bps"], "B/s")
+    p = {**shape, "pages": r["pages_per_pass"], "bytes": r["bytes_per_pass"]}
+    figs = [Figure("kv.digest_gpu_fused", r["fused_digest_Bps"], "B/s", copy,
+                   goal=max(1e12, 0.5 * r["d2d_copy_Bps"]), params={**p, **r.get("fused_best", {})}),
+            Figure("kv.digest_gpu_torch_ops", r["torch_ops_digest_Bps"], "B/s", copy, params=p),
+            Figure("kv.d2h_pinned", r["d2h_pinned_Bps"], "B/s", copy, params=p),
+            Figure("kv.d2h_pageable", r["d2h_pageable_Bps"], "B/s", copy, params=p)]
+    kern = Limit("fused digest kernel, one pass", r["fused_digest_s_per_pass"], "s")
+    for key, name in (("capture_digest_only_write_s_per_pass", "kv.capture_digest_only_write"),
+                      ("capture_digest_only_restore_s_per_pass", "kv.capture_digest_only_restore"),
+                      ("digest_strings_s_per_pass", "kv.digest_strings")):
+        if key in r:
+            figs.append(Figure(name, r[key], "s", kern, better="lower", params=p))
+    if "capture_full_bytes_s_per_pass" in r:
+        figs.append(Figure("kv.capture_full_bytes", r["capture_full_bytes_s_per_pass"], "s",
+                           Limit("device-to-host pinned copy, one pass", r["d2h_pinned_s_per_pass"], "s"),
+                           better="lower", params=p))
+    facts = {**RESULTS["env"], "load_avg_1m": os.getloadavg()[0], "cores": os.cpu_count()}
+    device = {"class": f"gpu:{RESULTS['env']['device']}", "fingerprint": None, "facts": facts,
+              "source": "tests/device/kv_capture_gpu.py (harness.device not present)"}
+    rec = bench_record(figs, {"kv_gpu": RESULTS}, RESULTS["errors"], Path(__file__).resolve().parents[2], device)
+    return write_bench(out, rec)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "kv_gpu.json").write_text(json.dumps(RESULTS, indent=2, sort_keys=True, default=str))
+    try:
+        write_bench_record(out)
+    except Exception as e:  # noqa: BLE001
+        RESULTS["errors"]["bench_record"] = f"{type(e).__name__}: {e}"
     c, r = RESULTS["checks"], RESULTS["rates"]
     ok = all((v.get("ok", v.get("mismatches", 1) == 0)) for v in c.values()) and not RESULTS["errors"]
     print(json.dumps(c, sort_keys=True))

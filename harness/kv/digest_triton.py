@@ -41,6 +41,10 @@ BLOCK = 1024
 PAGES = 16
 """Pages per program: how many times one coefficient tile is reused."""
 NUM_WARPS = 4
+UNROLL = False
+"""Unroll the page loop (every page's load issued up front) or run it as a loop."""
+PARTIALS = False
+"""Store each tile's lane sums and add them in a second pass, or add them with atomics."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +89,48 @@ def layout_of(kv: torch.Tensor, block_dim: int = 0) -> PageLayout:
 if triton is not None:
 
     @triton.jit
-    def _mx128_kernel(words_ptr, ids_ptr, coef_ptr, sums_ptr, n_words, seg_words,
+    def _page_sums(words_ptr, ids_ptr, sums_ptr, part_ptr, page, tile, n_tiles, block_stride, rel, inb,
+                   c0, c1, c2, c3, k, EVEN: tl.constexpr, PARTIALS: tl.constexpr):
+        """The four lane sums of one tile of one page, added into ``sums[page]`` (atomics) or
+        stored at ``partials[page, tile]``."""
+        blk = tl.load(ids_ptr + page).to(tl.int64)
+        if EVEN:
+            w = tl.load(words_ptr + blk * block_stride + rel).to(tl.uint32, bitcast=True)
+        else:
+            w = tl.load(words_ptr + blk * block_stride + rel, mask=inb, other=0).to(tl.uint32, bitcast=True)
+        y = w * c0
+        y = (y ^ (y >> 15)) * k
+        s0 = tl.sum(y, axis=0)
+        y = w * c1
+        y = (y ^ (y >> 15)) * k
+        s1 = tl.sum(y, axis=0)
+        y = w * c2
+        y = (y ^ (y >> 15)) * k
+        s2 = tl.sum(y, axis=0)
+        y = w * c3
+        y = (y ^ (y >> 15)) * k
+        s3 = tl.sum(y, axis=0)
+        if PARTIALS:
+            out = part_ptr + (page.to(tl.int64) * n_tiles + tile) * 4
+            tl.store(out, s0.to(tl.int32, bitcast=True))
+            tl.store(out + 1, s1.to(tl.int32, bitcast=True))
+            tl.store(out + 2, s2.to(tl.int32, bitcast=True))
+            tl.store(out + 3, s3.to(tl.int32, bitcast=True))
+        else:
+            out = sums_ptr + page * 4
+            tl.atomic_add(out, s0.to(tl.int32, bitcast=True))
+            tl.atomic_add(out + 1, s1.to(tl.int32, bitcast=True))
+            tl.atomic_add(out + 2, s2.to(tl.int32, bitcast=True))
+            tl.atomic_add(out + 3, s3.to(tl.int32, bitcast=True))
+
+    @triton.jit
+    def _mx128_kernel(words_ptr, ids_ptr, coef_ptr, sums_ptr, part_ptr, n_words, seg_words,
                       block_stride, seg_stride, PAGES: tl.constexpr, BLOCK: tl.constexpr,
-                      SPLIT: tl.constexpr):
+                      SPLIT: tl.constexpr, EVEN: tl.constexpr, UNROLL: tl.constexpr,
+                      PARTIALS: tl.constexpr):
         tile = tl.program_id(0)
         group = tl.program_id(1)
+        n_tiles = tl.num_programs(0)
         pos = tl.max_contiguous(tl.multiple_of(tile * BLOCK + tl.arange(0, BLOCK), BLOCK), BLOCK)
         inb = pos < n_words
         c0 = tl.load(coef_ptr + pos, mask=inb, other=0).to(tl.uint32, bitcast=True)
@@ -102,27 +143,15 @@ if triton is not None:
         else:  # one run of words per page: contiguous, so loads are 16 bytes wide
             rel = pos.to(tl.int64)
         k = tl.full([BLOCK], 0xCC9E2D51, dtype=tl.uint32)  # typed: a bare literal could widen the product
-        for p in range(PAGES):  # ids and sums are padded to a whole number of groups: no page mask
-            page = group * PAGES + p
-            blk = tl.load(ids_ptr + page).to(tl.int64)
-            w = tl.load(words_ptr + blk * block_stride + rel, mask=inb, other=0).to(tl.uint32, bitcast=True)
-            y = w * c0
-            y = (y ^ (y >> 15)) * k
-            s0 = tl.sum(y, axis=0)
-            y = w * c1
-            y = (y ^ (y >> 15)) * k
-            s1 = tl.sum(y, axis=0)
-            y = w * c2
-            y = (y ^ (y >> 15)) * k
-            s2 = tl.sum(y, axis=0)
-            y = w * c3
-            y = (y ^ (y >> 15)) * k
-            s3 = tl.sum(y, axis=0)
-            out = sums_ptr + page * 4
-            tl.atomic_add(out, s0.to(tl.int32, bitcast=True))
-            tl.atomic_add(out + 1, s1.to(tl.int32, bitcast=True))
-            tl.atomic_add(out + 2, s2.to(tl.int32, bitcast=True))
-            tl.atomic_add(out + 3, s3.to(tl.int32, bitcast=True))
+        # ids (and sums) are padded to a whole number of groups: no page mask
+        if UNROLL:  # every page's load issued up front: more bytes in flight per program
+            for p in tl.static_range(PAGES):
+                _page_sums(words_ptr, ids_ptr, sums_ptr, part_ptr, group * PAGES + p, tile, n_tiles,
+                           block_stride, rel, inb, c0, c1, c2, c3, k, EVEN, PARTIALS)
+        else:
+            for p in range(PAGES):
+                _page_sums(words_ptr, ids_ptr, sums_ptr, part_ptr, group * PAGES + p, tile, n_tiles,
+                           block_stride, rel, inb, c0, c1, c2, c3, k, EVEN, PARTIALS)
 
 
 def available(device: torch.device | str | None = None) -> bool:
@@ -139,7 +168,7 @@ def available(device: torch.device | str | None = None) -> bool:
 
 def lane_sums(kv: torch.Tensor, block_ids: torch.Tensor | Any, layout: PageLayout | None = None,
               sums: torch.Tensor | None = None, *, block: int = BLOCK, pages: int = PAGES,
-              num_warps: int = NUM_WARPS) -> torch.Tensor:
+              num_warps: int = NUM_WARPS, unroll: bool = UNROLL, partials: bool = PARTIALS) -> torch.Tensor:
     """``[len(block_ids), 4]`` int32 lane sums of the pages ``block_ids`` of ``kv``, on its device,
     without copying a page (launch only: the result is ready when the stream reaches it).
 
@@ -164,10 +193,15 @@ def lane_sums(kv: torch.Tensor, block_ids: torch.Tensor | Any, layout: PageLayou
         return sums[:0]
     words = kv.view(-1).view(torch.uint8).view(torch.int32) if kv.dtype != torch.int32 else kv.view(-1)
     coef = coefficients(layout.words, str(kv.device))
-    grid = (triton.cdiv(layout.words, block), padded // pages)
-    _mx128_kernel[grid](words, ids, coef, sums, layout.words, layout.seg_words, layout.block_stride,
-                        layout.seg_stride, PAGES=pages, BLOCK=block, SPLIT=layout.segments > 1,
-                        num_warps=num_warps)
+    n_tiles = triton.cdiv(layout.words, block)
+    part = (torch.empty((padded, n_tiles, 4), dtype=torch.int32, device=kv.device) if partials
+            else sums)
+    _mx128_kernel[(n_tiles, padded // pages)](
+        words, ids, coef, sums, part, layout.words, layout.seg_words, layout.block_stride, layout.seg_stride,
+        PAGES=pages, BLOCK=block, SPLIT=layout.segments > 1, EVEN=layout.words % block == 0, UNROLL=unroll,
+        PARTIALS=partials, num_warps=num_warps)
+    if partials:  # int32 sums wrap mod 2**32, like the host's
+        torch.sum(part, dim=1, dtype=torch.int32, out=sums)
     return sums[:n]
 
 

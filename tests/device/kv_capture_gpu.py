@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -208,22 +209,26 @@ def rates(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.device, sw
 
     lay = dt.layout_of(cache[0])
     sums = torch.zeros((len(ids) + 64, 4), dtype=torch.int32, device=device)
-    configs = [(2048, 8, 8)]
+    configs = [(dt.BLOCK, dt.PAGES, dt.NUM_WARPS, dt.UNROLL, dt.PARTIALS)]
     if sweep:
-        configs = [(b, p, w) for b in (1024, 2048, 4096) for p in (8, 16, 32) for w in (4, 8)]
-    tried = {}
-    for b, p, w in configs:
+        configs = [(b, p, w, u, q) for u in (False, True) for q in (False, True) for b in (1024, 2048)
+                   for p in (16, 32) for w in (4, 8)]
+    tried: dict = {}
+    for b, p, w, u, q in configs:  # the whole cache: one layer is too short a launch to rank them
+        name = f"block{b}_pages{p}_warps{w}_unroll{int(u)}_partials{int(q)}"
         try:
-            tt = timed(lambda b=b, p=p, w=w: dt.lane_sums(cache[0], ids, lay, sums, block=b, pages=p, num_warps=w),
-                       device, reps=5)
-            tried[f"block{b}_pages{p}_warps{w}"] = len(ids) * page / tt
+            tt = timed(lambda b=b, p=p, w=w, u=u, q=q: [
+                dt.lane_sums(kv, ids, lay, sums, block=b, pages=p, num_warps=w, unroll=u, partials=q)
+                for kv in cache], device, reps=3)
+            tried[name] = nbytes / tt
         except Exception as e:  # noqa: BLE001
-            tried[f"block{b}_pages{p}_warps{w}"] = f"{type(e).__name__}: {e}"[:200]
-    r["fused_sweep_one_layer_Bps"] = tried
+            tried[name] = f"{type(e).__name__}: {e}"[:200]
+    r["fused_sweep_Bps"] = tried
     best = max(((k, v) for k, v in tried.items() if isinstance(v, float)), key=lambda kv: kv[1])[0]
-    b, p, w = (int(x) for x in best.replace("block", "").replace("pages", "").replace("warps", "").split("_"))
-    r["fused_best"] = {"block": b, "pages": p, "num_warps": w}
-    t = timed(lambda: [dt.lane_sums(kv, ids, lay, sums, block=b, pages=p, num_warps=w) for kv in cache], device, reps=7)
+    b, p, w, u, q = (int(x) for x in re.findall(r"\d+", best))
+    r["fused_best"] = {"block": b, "pages": p, "num_warps": w, "unroll": bool(u), "partials": bool(q)}
+    t = timed(lambda: [dt.lane_sums(kv, ids, lay, sums, block=b, pages=p, num_warps=w, unroll=bool(u),
+                                    partials=bool(q)) for kv in cache], device, reps=7)
     r["fused_digest_Bps"] = nbytes / t
     r["fused_digest_s_per_pass"] = t
     sub = ids[: min(len(ids), 2048)]
@@ -316,6 +321,10 @@ def write_bench_record(out: Path) -> Path:
     device = {"class": f"gpu:{RESULTS['env']['device']}", "fingerprint": None, "facts": facts,
               "source": "tests/device/kv_capture_gpu.py (harness.device not present)"}
     rec = bench_record(figs, {"kv_gpu": RESULTS}, RESULTS["errors"], Path(__file__).resolve().parents[2], device)
+    if os.environ.get("HARNESS_GIT_SHA"):  # a copy of this tree inside another checkout: the copy's commit
+        rec["harness"] = {"sha": os.environ["HARNESS_GIT_SHA"],
+                          "dirty": os.environ.get("HARNESS_GIT_DIRTY", "1") != "0"}
+        rec["id"] = f"{rec['harness']['sha'][:12]}-{rec['id'].split('-', 1)[1]}"
     return write_bench(out, rec)
 
 

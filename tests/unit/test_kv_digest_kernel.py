@@ -38,10 +38,12 @@ for dtype in (torch.bfloat16, torch.float32, torch.uint8):
     kv = raw.view(dtype)
     ids = [12, 0, 5, 7, 3, 11, 2]
     want = [digest_bytes(kv[b].contiguous().view(torch.uint8).numpy().tobytes()) for b in ids]
-    for block, pages, warps in ((16, 3, 1), (64, 8, 4), (128, 16, 2)):  # tiles and groups with tails
-        s = dt.lane_sums(kv, ids, dt.layout_of(kv), block=block, pages=pages, num_warps=warps)
+    for block, pages, unroll, partials in ((16, 3, False, False), (64, 8, True, False), (128, 16, False, True),
+                                           (256, 5, True, True)):  # tiles and groups with tails, every variant
+        s = dt.lane_sums(kv, ids, dt.layout_of(kv), block=block, pages=pages, num_warps=1, unroll=unroll,
+                         partials=partials)
         got = format_sums(s.numpy().view(np.uint32), dt.layout_of(kv).nbytes)
-        out[f"{dtype}-{block}-{pages}"] = got == want
+        out[f"{dtype}-{block}-{pages}-{unroll}-{partials}"] = got == want
     split = kv.transpose(0, 1).contiguous()  # [2, blocks, ...]: K and V of a block apart
     got = dt.fused_digests(split, ids, dt.layout_of(split, 1))
     out[f"{dtype}-split"] = got == [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes())

@@ -9,8 +9,9 @@ makes it fast on a GPU:
   int32 products (16 bytes of traffic written and read per byte digested);
 * **position coefficients reused**: a program owns one tile of word positions and digests it for
   ``PAGES`` pages in a row, so the ``[4, tile]`` coefficient slice is loaded once per ``PAGES`` pages;
-* **order-free sums**: each program adds its tile's four lane sums into ``sums[page]`` with 32-bit
-  atomic adds, which wrap mod 2**32 like the host's sums, so any tile order gives the same bits.
+* **order-free sums**: each program stores its tile's four lane sums, and one int32 sum over the
+  tiles (which wraps mod 2**32 like the host's sums) gives ``sums[page]``; any order gives the same
+  bits. (Atomic adds into ``sums[page]`` are the other variant: the same bits, 2.5x slower.)
 
 A page may be split into segments (a ``[2, blocks, ...]`` layout keeps a block's K and V apart):
 word ``i`` of segment ``j`` of block ``b`` sits at ``b * block_stride + j * seg_stride + i`` (in
@@ -36,15 +37,18 @@ except ImportError:  # pragma: no cover - environment dependent
     triton = None  # type: ignore[assignment]
     tl = None  # type: ignore[assignment]
 
-BLOCK = 1024
-"""Word positions per program (4 KiB of each page)."""
-PAGES = 16
+BLOCK = 2048
+"""Word positions per program (8 KiB of each page)."""
+PAGES = 32
 """Pages per program: how many times one coefficient tile is reused."""
 NUM_WARPS = 4
 UNROLL = False
 """Unroll the page loop (every page's load issued up front) or run it as a loop."""
-PARTIALS = False
-"""Store each tile's lane sums and add them in a second pass, or add them with atomics."""
+PARTIALS = True
+"""Store each tile's lane sums and add them in a second pass (torch int32 sum, wrapping), or add them
+with atomics. Measured on an H200 over a 13 GB cache (tests/device/kv_capture_gpu.py): 2.7 TB/s with
+partial sums, 1.1 TB/s with atomics (16 programs adding into the same four words of a page
+serialise); the other knobs move it by less than 10 %."""
 
 
 @dataclass(frozen=True, slots=True)

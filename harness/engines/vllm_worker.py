@@ -382,6 +382,13 @@ def _closed_loop(llm, prompts: list, params: list, concurrency: int) -> tuple[li
     return [done[i] for i in range(len(prompts))], [first.get(i) for i in range(len(prompts))], t_start
 
 
+def _with_tag(extra: dict, tag: dict | None) -> dict:
+    """``SamplingParams`` keyword arguments with a request's full-row tag in its ``extra_args``."""
+    if tag is None:
+        return dict(extra)
+    return {**extra, "extra_args": {**(extra.get("extra_args") or {}), FULL_TAG: tag}}
+
+
 def _full_files(llm: Any, full: dict | None) -> tuple[FullFiles | None, str | None]:
     """The run's whole-distribution files, with the engine-core hook installed when it can be."""
     if not full:
@@ -445,9 +452,8 @@ def main(request_path: str, result_path: str) -> int:
                     for i in range(len(req["cases"]))]
         lp_k = -1 if files and not files.hooked else (k if k != 0 else None)
         params = [SamplingParams(
-            temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=lp_k,
-            seed=int(s.get("seed", 0)), **req.get("sampling_extra", {}),
-            **({"extra_args": {FULL_TAG: tag}} if tag and files and files.hooked else {}))
+            temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=lp_k, seed=int(s.get("seed", 0)),
+            **_with_tag(req.get("sampling_extra", {}), tag if files and files.hooked else None))
             for tag in gen_tags] or [SamplingParams(temperature=0.0, max_tokens=1)]
         prompts = [{"prompt_token_ids": c["prompt_ids"]} for c in req["cases"]]
         t1 = time.perf_counter()

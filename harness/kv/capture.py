@@ -4,7 +4,9 @@ Layout of one phase's capture folder (``<run>/capture/<phase>/``)::
 
     worker-<rank>.pages.bin     the raw bytes of captured pages, appended
     worker-<rank>.pages.jsonl   one line per page: side (written/restored), key, layer, group,
-                                token range, request, case, lane, digest, dtype, shape, offset;
+                                token range, request, case, lane, digest, dtype, shape, offset,
+                                kept (why its bytes are there or not); a batch of 64 pages or
+                                more as one columnar "pages" line (the same fields as lists);
                                 plus load errors and per-batch timings
     scheduler.jsonl             one line per request (prompt length, connector hit counts), per
                                 stored chunk, and the refusal when the connector refused to start
@@ -54,6 +56,10 @@ def gather(kv: torch.Tensor, block_ids: Sequence[int]) -> torch.Tensor:
     """
     return kv.index_select(0, torch.tensor(list(block_ids), dtype=torch.long, device=kv.device))
 
+
+COLUMNS_MIN = 64
+"""A batch of this many pages or more is indexed as one columnar ``pages`` line instead of one
+line per page (the same fields, as lists; the reader expands it)."""
 
 KeepBytes = Literal["all", "mismatch"]
 """What a capture keeps of a page besides its digest: its bytes always (``all``), or only when its
@@ -203,14 +209,23 @@ class CaptureWriter:
         """Queue the kept bytes' copy, then write the previous batch (bytes first, then its index
         lines), so this batch's copy overlaps that write."""
         handle, host = self._stager.start(sel) if sel is not None else (None, None)
-        lines = []
-        line = _PageLines(side, dtype, shape, nbytes, step, self.bin_name)
-        for ref, tag, dig, w in zip(refs, tags, digests, why, strict=True):
-            offset = None
-            if w in ("all", "mismatch"):
-                offset = self._offset
+        offsets: list[int | None] = []
+        for w in why:
+            offsets.append(self._offset if w in ("all", "mismatch") else None)
+            if offsets[-1] is not None:
                 self._offset += nbytes
-            lines.append(line(ref, tag, dig, w, offset))
+        if len(refs) >= COLUMNS_MIN:  # one line for the batch: a 100k-token pass records 200k pages
+            lines = [json.dumps({
+                "t": "pages", "side": side, "nbytes": nbytes, "dtype": dtype, "shape": shape, "step": step,
+                "file": self.bin_name, "key": [r.key for r in refs], "layer": [r.layer for r in refs],
+                "group": [r.group for r in refs], "start": [r.start for r in refs],
+                "end": [r.end for r in refs], "shard": [r.shard for r in refs], "req": [t.req for t in tags],
+                "case": [t.case for t in tags], "lane": [t.lane for t in tags], "digest": list(digests),
+                "kept": list(why), "offset": offsets}, sort_keys=True)]
+        else:
+            line = _PageLines(side, dtype, shape, nbytes, step, self.bin_name)
+            lines = [line(ref, tag, dig, w, off)
+                     for ref, tag, dig, w, off in zip(refs, tags, digests, why, offsets, strict=True)]
         kept = 0 if sel is None else int(sel.shape[0])
         batch = {"t": "batch", "side": side, "pages": len(refs), "bytes": nbytes * kept,
                  "seconds": time.perf_counter() - t0}
@@ -366,6 +381,26 @@ class Capture:
         return [p for p in self.pages if p.side == side]
 
 
+def _column_pages(folder: Path, d: Mapping[str, Any]) -> list[CapturedPage]:
+    """The pages of one columnar ``pages`` line (a batch of at least :data:`COLUMNS_MIN` pages)."""
+    n = len(d["key"])
+    cols = ("layer", "group", "start", "end", "shard", "req", "case", "lane", "digest", "kept", "offset")
+    if any(len(d[c]) != n for c in cols):
+        raise ValueError(f"columns of unequal length ({n} keys)")
+    shape = tuple(int(x) for x in d["shape"])
+    file = folder / d["file"]
+    out = []
+    for i in range(n):
+        off = d["offset"][i]
+        out.append(CapturedPage(
+            PageRef(str(d["key"][i]), str(d["layer"][i]), int(d["group"][i]), int(d["start"][i]),
+                    int(d["end"][i]), int(d["shard"][i])), d["side"],
+            PageTag(str(d["req"][i]), str(d["case"][i]), str(d["lane"][i])), str(d["digest"][i]),
+            int(d["nbytes"]), str(d["dtype"]), shape, file if off is not None else None,
+            int(off) if off is not None else None))
+    return out
+
+
 def _ref(d: Mapping[str, Any]) -> PageRef:
     return PageRef(str(d["key"]), str(d["layer"]), int(d["group"]), int(d["start"]), int(d["end"]),
                    int(d.get("shard", 0)))
@@ -409,6 +444,8 @@ def read_capture(folder: Path) -> Capture:
                         _ref(d), d["side"], _tag(d), str(d["digest"]), int(d["nbytes"]), str(d["dtype"]),
                         tuple(int(x) for x in d["shape"]), folder / file if file else None,
                         int(d["offset"]) if d.get("offset") is not None else None))
+                elif kind == "pages":
+                    pages += _column_pages(folder, d)
                 elif kind == "error":
                     problems.append(PageProblem(_ref(d), d["side"], _tag(d), str(d["kind"]),
                                                 str(d["reason"])))

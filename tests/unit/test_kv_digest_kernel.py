@@ -149,3 +149,21 @@ def test_host_stager_copies_host_pages_at_once() -> None:
     raw[0, 0] = 99  # the copy was taken before the cache moved on
     HostStager.wait(handle)
     assert handle is None and host[0, 0] == 0 and host.shape == (3, 4)
+
+
+def test_a_large_batch_is_one_columnar_line_read_back_page_by_page(tmp_path: Path) -> None:
+    kv = _cache(blocks=80, seed=3)
+    ids = list(range(70))
+    refs, tags = _refs(ids)
+    for folder, cut in ((tmp_path / "columns", 70), (tmp_path / "lines", 10)):  # 10-page batches: per page
+        w = CaptureWriter(folder, keep="all")
+        for lo in range(0, 70, cut):
+            w.cache_pages("written", refs[lo:lo + cut], tags[lo:lo + cut], kv, ids[lo:lo + cut],
+                          keep_bytes=[i % 3 != 0 for i in range(lo, min(70, lo + cut))])
+        w.close()
+    a, b = read_capture(tmp_path / "columns"), read_capture(tmp_path / "lines")
+    assert len((tmp_path / "columns" / "worker-0.pages.jsonl").read_text().splitlines()) == 2  # pages + batch
+    assert not a.malformed and len(a.pages) == 70
+    assert [(p.ref, p.digest, p.offset, p.path is None) for p in a.pages] == [
+        (p.ref, p.digest, p.offset, p.path is None) for p in b.pages]
+    assert [p.read() for p in a.pages if p.path] == [p.read() for p in b.pages if p.path]

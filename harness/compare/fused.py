@@ -100,9 +100,17 @@ _compiled = None
 
 
 def _compiled_kernel():  # noqa: ANN202
-    """The numba kernel, compiled on first use (cached on disk beside this module)."""
+    """The numba kernel, compiled on first use (cached on disk beside this module).
+
+    numba's ``workqueue`` threads, unless ``NUMBA_THREADING_LAYER`` says otherwise: OpenMP's spin
+    after each parallel region, which on a small host shared with engines cost a quarter of the
+    rate (22-24 against 28-30 M positions/s, measured side by side on 2 cores)."""
     global _compiled
     if _compiled is None and numba is not None:
+        import os
+
+        if "NUMBA_THREADING_LAYER" not in os.environ:  # read once, at numba's first parallel launch
+            numba.config.THREADING_LAYER = "workqueue"
         _compiled = numba.njit(parallel=True, cache=True, boundscheck=False)(_kernel)
     return _compiled
 

@@ -163,6 +163,16 @@ def read_bench(path: Path) -> dict[str, Any]:
     return d
 
 
+def frame(folder: Path) -> Any:
+    """Every bench record under ``folder`` as one pandas DataFrame, one row per figure, oldest
+    first (what ``harness trend``-style plots of performance across commits read)."""
+    import pandas as pd
+
+    out = [r for p in sorted(Path(folder).glob("*.json")) for r in rows(read_bench(p))]
+    df = pd.DataFrame(out, columns=list(out[0]) if out else ["id", "created", "figure", "value"])
+    return df.sort_values(["created", "figure"], kind="stable").reset_index(drop=True)
+
+
 def rows(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One flat row per figure (what a records dataset / ``pandas.DataFrame`` takes)."""
     out = []

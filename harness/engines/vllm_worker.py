@@ -474,6 +474,14 @@ def main(request_path: str, result_path: str) -> int:
         scored, t_score = _score(llm, SamplingParams, score, int(s.get("seed", 0)), files)
         sink = llm.collective_rpc(full_sink_report)[0] if files and files.hooked else {}
         written = sink.get("written", {})
+        levels = []
+        plain = params if not files else [SamplingParams(  # speed replays write no rows
+            temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k != 0 else None,
+            seed=int(s.get("seed", 0)), **req.get("sampling_extra", {})) for _ in prompts]
+        for c in req.get("speed_levels") or ():  # the same workload again at each concurrency
+            res_c, ttft_c, t_c = _closed_loop(llm, prompts, plain, int(c))
+            levels.append({"concurrency": int(c), "wall_s": time.perf_counter() - t_c, "ttft_s": ttft_c,
+                           "output_tokens": sum(len(r.outputs[0].token_ids) for r in res_c)})
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
         write_line(out, {
             "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
@@ -482,6 +490,7 @@ def main(request_path: str, result_path: str) -> int:
                         **({"full_hook_s": sink["seconds"]} if sink else {})},
             "output_tokens": n_out,
             **({"concurrency": int(conc), "ttft_s": ttft} if conc and prompts else {}),
+            **({"speed_levels": levels} if levels else {}),
             "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
             "block_size": getattr(cache, "block_size", None),
             "cache_dtype": str(getattr(cache, "cache_dtype", "")),

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 try:  # Triton is optional: without it (or without a GPU) the torch path digests device pages
@@ -170,16 +169,16 @@ def available(device: torch.device | str | None = None) -> bool:
     return torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
 
 
-def lane_sums(kv: torch.Tensor, block_ids: torch.Tensor | Any, layout: PageLayout | None = None,
-              sums: torch.Tensor | None = None, *, block: int = BLOCK, pages: int = PAGES,
-              num_warps: int = NUM_WARPS, unroll: bool = UNROLL, partials: bool = PARTIALS) -> torch.Tensor:
+def lane_sums(kv: torch.Tensor, block_ids: torch.Tensor | Any, coef: torch.Tensor,
+              layout: PageLayout | None = None, sums: torch.Tensor | None = None, *, block: int = BLOCK,
+              pages: int = PAGES, num_warps: int = NUM_WARPS, unroll: bool = UNROLL,
+              partials: bool = PARTIALS) -> torch.Tensor:
     """``[len(block_ids), 4]`` int32 lane sums of the pages ``block_ids`` of ``kv``, on its device,
     without copying a page (launch only: the result is ready when the stream reaches it).
 
+    ``coef``: the ``[4, words]`` position coefficients (:func:`harness.kv.digest.coefficients`);
     ``sums`` (zeroed here) may be given to reuse one buffer across calls.
     """
-    from harness.kv.digest import coefficients
-
     if triton is None:
         raise RuntimeError("Triton is not installed")
     layout = layout or layout_of(kv)
@@ -195,8 +194,9 @@ def lane_sums(kv: torch.Tensor, block_ids: torch.Tensor | Any, layout: PageLayou
         sums.zero_()
     if n == 0:
         return sums[:0]
+    if tuple(coef.shape) != (4, layout.words):
+        raise ValueError(f"coefficients {tuple(coef.shape)} for pages of {layout.words} words")
     words = kv.view(-1).view(torch.uint8).view(torch.int32) if kv.dtype != torch.int32 else kv.view(-1)
-    coef = coefficients(layout.words, str(kv.device))
     n_tiles = triton.cdiv(layout.words, block)
     part = (torch.empty((padded, n_tiles, 4), dtype=torch.int32, device=kv.device) if partials
             else sums)
@@ -207,12 +207,3 @@ def lane_sums(kv: torch.Tensor, block_ids: torch.Tensor | Any, layout: PageLayou
     if partials:  # int32 sums wrap mod 2**32, like the host's
         torch.sum(part, dim=1, dtype=torch.int32, out=sums)
     return sums[:n]
-
-
-def fused_digests(kv: torch.Tensor, block_ids: Any, layout: PageLayout | None = None) -> list[str]:
-    """Digest strings of pages ``block_ids`` of ``kv``: equal to ``digest_bytes`` of their bytes."""
-    from harness.kv.digest import format_sums
-
-    layout = layout or layout_of(kv)
-    sums = lane_sums(kv, block_ids, layout)
-    return format_sums(sums.cpu().numpy().view(np.uint32), layout.nbytes)

@@ -48,7 +48,7 @@ import torch  # noqa: E402
 
 from harness.kv import digest_triton as dt  # noqa: E402
 from harness.kv.capture import CaptureWriter, PageTag, read_capture  # noqa: E402
-from harness.kv.digest import device_digests, digest_bytes  # noqa: E402
+from harness.kv.digest import device_digests, digest_bytes, fused_digests, fused_lane_sums  # noqa: E402
 from harness.kv.pages import PageRef  # noqa: E402
 
 RESULTS: dict = {"checks": {}, "rates": {}, "errors": {}}
@@ -115,11 +115,11 @@ def correctness(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.devi
     sample = ids[torch.linspace(0, len(ids) - 1, 8).long()].tolist()
     bad = 0
     for kv in cache:
-        got = dt.fused_digests(kv, sample, lay)
+        got = fused_digests(kv, sample, lay)
         bad += sum(g != digest_bytes(host_page(kv, b)) for g, b in zip(got, sample, strict=True))
     c["fused_eq_host"] = {"pages": len(sample) * len(cache), "mismatches": bad}
     sub = ids[:512]
-    fused = dt.fused_digests(cache[0], sub, lay)
+    fused = fused_digests(cache[0], sub, lay)
     torch_ops = device_digests(cache[0].index_select(0, sub).view(len(sub), -1).view(torch.uint8))
     c["fused_eq_torch_ops"] = {"pages": len(sub), "mismatches": sum(a != b for a, b in zip(fused, torch_ops, strict=True))}
     # a [2, blocks, ...] layout: K and V of a block apart, the page = kv[:, b]
@@ -127,7 +127,7 @@ def correctness(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.devi
     kv2 = cache[1][:n2].transpose(0, 1).contiguous()
     lay2 = dt.layout_of(kv2, 1)
     picks = list(range(0, n2, max(1, n2 // 11)))
-    got = dt.fused_digests(kv2, picks, lay2)
+    got = fused_digests(kv2, picks, lay2)
     want = [digest_bytes(kv2[:, b].contiguous().view(torch.uint8).cpu().numpy().tobytes()) for b in picks]
     c["split_layout_eq_host"] = {"pages": len(want), "mismatches": sum(a != b for a, b in zip(got, want, strict=True))}
     dtypes = {"float32": torch.float32, "float16": torch.float16}
@@ -136,16 +136,16 @@ def correctness(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.devi
     for name, dtype in dtypes.items():
         raw = torch.randint(0, 256, (256, 2, 16, 8, 256), dtype=torch.uint8, device=device)  # 64 KiB pages
         kv = raw.view(dtype)
-        got = dt.fused_digests(kv, list(range(0, 256, 17)), dt.layout_of(kv))
+        got = fused_digests(kv, list(range(0, 256, 17)), dt.layout_of(kv))
         want = [digest_bytes(host_page(kv, b)) for b in range(0, 256, 17)]
         c[f"fused_eq_host_{name}"] = {"pages": len(want), "mismatches": sum(a != b for a, b in zip(got, want, strict=True))}
     # one flipped byte changes exactly its page
     kv = cache[min(2, len(cache) - 1)]
-    before = dt.lane_sums(kv, ids, lay).cpu().numpy()
+    before = fused_lane_sums(kv, ids, lay).cpu().numpy()
     victim = int(ids[len(ids) // 3])
     byte = 40961
     kv[victim].view(-1).view(torch.uint8)[byte] ^= 1
-    after = dt.lane_sums(kv, ids, lay).cpu().numpy()
+    after = fused_lane_sums(kv, ids, lay).cpu().numpy()
     kv[victim].view(-1).view(torch.uint8)[byte] ^= 1
     changed = np.flatnonzero((before != after).any(axis=1))
     c["flip_changes_one_page"] = {"changed": [int(ids[i]) for i in changed], "victim": victim,
@@ -218,7 +218,7 @@ def rates(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.device, sw
         name = f"block{b}_pages{p}_warps{w}_unroll{int(u)}_partials{int(q)}"
         try:
             tt = timed(lambda b=b, p=p, w=w, u=u, q=q: [
-                dt.lane_sums(kv, ids, lay, sums, block=b, pages=p, num_warps=w, unroll=u, partials=q)
+                fused_lane_sums(kv, ids, lay, sums, block=b, pages=p, num_warps=w, unroll=u, partials=q)
                 for kv in cache], device, reps=3)
             tried[name] = nbytes / tt
         except Exception as e:  # noqa: BLE001
@@ -227,7 +227,7 @@ def rates(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.device, sw
     best = max(((k, v) for k, v in tried.items() if isinstance(v, float)), key=lambda kv: kv[1])[0]
     b, p, w, u, q = (int(x) for x in re.findall(r"\d+", best))
     r["fused_best"] = {"block": b, "pages": p, "num_warps": w, "unroll": bool(u), "partials": bool(q)}
-    t = timed(lambda: [dt.lane_sums(kv, ids, lay, sums, block=b, pages=p, num_warps=w, unroll=bool(u),
+    t = timed(lambda: [fused_lane_sums(kv, ids, lay, sums, block=b, pages=p, num_warps=w, unroll=bool(u),
                                     partials=bool(q)) for kv in cache], device, reps=7)
     r["fused_digest_Bps"] = nbytes / t
     r["fused_digest_s_per_pass"] = t

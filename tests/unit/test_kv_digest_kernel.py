@@ -30,7 +30,7 @@ TWIN = r"""
 import json, sys
 import numpy as np, torch
 from harness.kv import digest_triton as dt
-from harness.kv.digest import digest_bytes, format_sums
+from harness.kv.digest import digest_bytes, format_sums, fused_digests, fused_lane_sums
 out = {}
 g = torch.Generator().manual_seed(0)
 for dtype in (torch.bfloat16, torch.float32, torch.uint8):
@@ -40,18 +40,18 @@ for dtype in (torch.bfloat16, torch.float32, torch.uint8):
     want = [digest_bytes(kv[b].contiguous().view(torch.uint8).numpy().tobytes()) for b in ids]
     for block, pages, unroll, partials in ((16, 3, False, False), (64, 8, True, False), (128, 16, False, True),
                                            (256, 5, True, True)):  # tiles and groups with tails, every variant
-        s = dt.lane_sums(kv, ids, dt.layout_of(kv), block=block, pages=pages, num_warps=1, unroll=unroll,
+        s = fused_lane_sums(kv, ids, dt.layout_of(kv), block=block, pages=pages, num_warps=1, unroll=unroll,
                          partials=partials)
         got = format_sums(s.numpy().view(np.uint32), dt.layout_of(kv).nbytes)
         out[f"{dtype}-{block}-{pages}-{unroll}-{partials}"] = got == want
     split = kv.transpose(0, 1).contiguous()  # [2, blocks, ...]: K and V of a block apart
-    got = dt.fused_digests(split, ids, dt.layout_of(split, 1))
+    got = fused_digests(split, ids, dt.layout_of(split, 1))
     out[f"{dtype}-split"] = got == [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes())
                                     for b in ids]
 kv = torch.randint(0, 256, (9, 1024), dtype=torch.uint8, generator=g)
-before = dt.fused_digests(kv, list(range(9)), dt.layout_of(kv))
+before = fused_digests(kv, list(range(9)), dt.layout_of(kv))
 kv[4, 777] ^= 0x10
-after = dt.fused_digests(kv, list(range(9)), dt.layout_of(kv))
+after = fused_digests(kv, list(range(9)), dt.layout_of(kv))
 out["flip"] = [a != b for a, b in zip(before, after)] == [i == 4 for i in range(9)]
 print(json.dumps(out))
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.perf import SCHEMA, Figure, Limit, bench_record, read_bench, rows, write_bench
+from harness.perf import SCHEMA, Figure, Limit, bench_record, frame, read_bench, rows, write_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,6 +34,8 @@ def test_records_are_written_once_and_read_back_as_rows(tmp_path: Path) -> None:
     (row,) = rows(d)
     assert row["figure"] == "kv.digest_host_64k" and row["ratio"] == pytest.approx(0.1)
     assert row["limit_name"] == "memcpy of the same bytes" and row["device_class"]
+    df = frame(tmp_path)
+    assert len(df) == 2 and set(df["figure"]) == {"kv.digest_host_64k"} and df["ratio"].tolist() == [0.1, 0.1]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema": SCHEMA, "figures": [{"name": "x"}]}))
     with pytest.raises(ValueError, match=r"bad.json: figures\[0\] lacks name/value/unit"):

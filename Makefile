@@ -25,7 +25,7 @@ help:
 	@echo "make gate CANDIDATE=openai:http://127.0.0.1:8000 [CONCURRENCY=8]  an OpenAI-compatible server"
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
-	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
+	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make test                                                 the project's tests"
@@ -111,5 +111,7 @@ fleet: venv
 	$(BIN)/python -m pytest --harness-matrix '$(MATRIX)' --harness-device $(DEVICE) \
 		$(if $(SHARD),--harness-shard $(SHARD)) -n $(WORKERS) --junitxml reports/fleet/junit.xml
 
+# Hot paths beside their limits (memcpy, the per-token loop, the engine's own wall); one JSON record
+# per run under reports/bench/ (schema in harness/perf.py).
 bench: venv
-	$(BIN)/python benchmarks/compare_throughput.py
+	$(BIN)/python benchmarks/bench.py

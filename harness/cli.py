@@ -268,9 +268,10 @@ def cmd_export(a: argparse.Namespace, ws: Workspace) -> int:
 
 
 def _trend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("feature", help="a row id of features.toml")
+    p.add_argument("feature", help="a row id of features.toml, or bench:<figure> for a make bench figure")
     p.add_argument("--metric", default=None, help="e.g. kl.mean, drift.slope_per_1k, near_tie.pass_rate "
-                                                 "(default: the row's first comparator's)")
+                                                 "(default: the row's first comparator's); for bench: "
+                                                 "ratio (default) or value")
     p.add_argument("--column", default=None, help="one column key (default: every candidate)")
     p.add_argument("--out", type=Path, default=None,
                    help="the PNG (default reports/trends/<feature>.<metric>.png)")
@@ -282,10 +283,11 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
     from rich.table import Table
 
     from harness.features import CatalogError
-    from harness.trend import trend
+    from harness.trend import BENCH, trend, trend_bench
 
     try:
-        t = trend(ws, a.feature, a.metric, a.column, a.out)
+        t = (trend_bench(ws, a.feature[len(BENCH):], a.metric, a.out) if a.feature.startswith(BENCH)
+             else trend(ws, a.feature, a.metric, a.column, a.out))
     except CatalogError as e:
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2

@@ -12,15 +12,25 @@ Data flows one way::
   logprobs.
 * A :class:`Comparator` turns (oracle output, candidate output, case) into a :class:`Verdict`. It
   never asserts and never prints.
+
+Everything the pipeline will ever ask of an engine is declared here: the :class:`Runner` methods,
+the :class:`RunFacts` a runner reports after running (timings, speed, what it could return, KV
+capacity), and the optional abilities an engine opts into by implementing a second protocol —
+:class:`Scorer` (teacher forcing: score given sequences) and :class:`TensorSource` (logits and
+hidden states). The pipeline never probes a runner with ``getattr``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:  # types only: both modules import this one
+    from harness.capabilities import Capabilities
+    from harness.speed import Speed
 
 Status = Literal["pass", "fail", "error", "refused", "skip"]
 """pass/fail: the comparator judged. error: the engine crashed, hung or answered garbage.
@@ -51,6 +61,10 @@ class Sampling:
     """k: how many top logprobs to keep per generated position."""
     temperature: float = 0.0
     seed: int = 0
+    full_vocab: bool = False
+    """The suite asked for ``logprobs = "full"``: besides the top-``logprobs`` rows, every engine
+    that can returns the whole next-token distribution at every position as an array
+    (:attr:`Output.full_logprobs`), whatever the vocabulary size."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,6 +72,7 @@ class Sampling:
             "logprobs": self.logprobs,
             "temperature": self.temperature,
             "seed": self.seed,
+            **({"full_vocab": True} if self.full_vocab else {}),
         }
 
 
@@ -81,10 +96,19 @@ class Output:
     finish_reason: str = ""
     error: str | None = None
     """Set when the engine failed on this case; the comparators then answer ``error``."""
+    full_logprobs: np.ndarray | None = None
+    """[T, V] float32: the whole next-token distribution at each position, column = token id (often
+    a read-only memory map of a ``.npy`` file in the run folder). Set when the suite asks for
+    ``logprobs = "full"`` and the engine can deliver it; never a per-position dict."""
 
     @property
     def has_logprobs(self) -> bool:
         return self.top_ids is not None and self.top_logprobs is not None
+
+    @property
+    def vocab(self) -> int | None:
+        """V of :attr:`full_logprobs` (None without full rows)."""
+        return None if self.full_logprobs is None else int(self.full_logprobs.shape[1])
 
     def with_tokens(self, token_ids: Sequence[int]) -> Output:
         """A copy with other generated ids (used by planted mutations and controls)."""
@@ -97,6 +121,7 @@ class Output:
             chosen_logprobs=self.chosen_logprobs,
             finish_reason=self.finish_reason,
             error=self.error,
+            full_logprobs=self.full_logprobs,
         )
 
 
@@ -112,19 +137,28 @@ class EngineInfo:
     sha: str | None = None
     """The candidate engine's own git SHA, when it has one."""
     settings: Mapping[str, Any] = field(default_factory=dict)
+    """The configuration that can change outputs (dtype, block size, KV cache, concurrency ...):
+    what a supported-models page publishes."""
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    """Where and how it ran, which cannot change outputs (loopback URL, venv, timeouts, retries,
+    protocol details): kept in the record, never published as a setting."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "engine": self.engine,
             "version": self.version,
             "sha": self.sha,
             "settings": dict(self.settings),
         }
+        if self.environment:
+            out["environment"] = dict(self.environment)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EngineInfo:
-        return cls(d["name"], d["engine"], d["version"], d.get("sha"), d.get("settings", {}))
+        return cls(d["name"], d["engine"], d["version"], d.get("sha"), d.get("settings", {}),
+                   d.get("environment", {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +205,41 @@ class EngineFailed(Exception):
         self.log_tail = log_tail
 
 
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What a runner measured and detected in its last ``run``: the only runner state the pipeline
+    reads besides the outputs."""
+
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds (``engine_start_s``, ``generate_s``, ``score_s`` ...) and ``output_tokens``."""
+    speed: Speed | None = None
+    """Output tok/s and TTFT at a concurrency, when the engine measured them itself (servers,
+    vLLM's closed loop); otherwise :func:`harness.speed.candidate_speed` derives one from
+    ``timings``."""
+    batched: bool = False
+    """Every case went in one batch (vLLM offline), not one request at a time."""
+    capabilities: Capabilities | None = None
+    """What the engine could return (token ids, top-k logprobs, how many), detected while running;
+    None: everything the contract asks for (Python engines)."""
+    kv_capacity: Mapping[str, Any] = field(default_factory=dict)
+    """How much KV cache the engine holds, as the engine reports it: ``tokens`` (+ ``blocks``,
+    ``block_size``) for a paged cache, or ``bytes_per_token`` for a cache measured in bytes."""
+    case_facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per case id: engine facts such as ``num_cached_tokens`` (prefix-cache hits)."""
+    device: Mapping[str, Any] = field(default_factory=dict)
+    """``{"class", "fingerprint"}`` (:mod:`harness.device`) of the process the engine computed in,
+    when the engine reports it (vLLM's worker: its kernel library, ATen capability, steering);
+    empty: the harness process's own (:func:`harness.provenance.device_facts`)."""
+
+
 @runtime_checkable
 class Runner(Protocol):
     """An engine that can replay a workload. Oracle or candidate: same contract.
 
     ``start`` loads the model once (the expensive part); ``run`` batches every case of the suite into
-    that one engine; ``close`` frees it. ``start`` raises :class:`EngineRefused` or
-    :class:`EngineFailed`; ``run`` reports per-case failures in ``Output.error``.
+    that one engine; ``facts`` tells what it measured; ``close`` frees it. ``start`` raises
+    :class:`EngineRefused` or :class:`EngineFailed`; ``run`` reports per-case failures in
+    ``Output.error``.
     """
 
     name: str
@@ -188,7 +250,57 @@ class Runner(Protocol):
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]: ...
 
+    def facts(self) -> RunFacts: ...
+
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Optional ability: score given sequences (teacher forcing), in the same engine start.
+
+    Once greedy outputs diverge nothing after the divergence compares, so a distribution comparator
+    asks the candidate for its next-token distribution at every position of *prompt + oracle
+    continuation*. Scores go through the path the engine decodes with (vLLM: ``prompt_logprobs``;
+    transformers with a quantized KV cache: one token per step). An engine without this ability is
+    judged until its first divergence, and every report says so.
+    """
+
+    def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
+                      continuations: Mapping[str, Sequence[int]] | None, k: int
+                      ) -> tuple[list[Output], list[Output]]:
+        """Generate every case as :meth:`Runner.run` does, then score ``prompt + continuations[id]``
+        (``continuations`` None: score its own generations, the control of an A/B arm).
+
+        A score is an :class:`Output` whose ``token_ids`` are the continuation and whose rows are
+        the engine's top-``k`` logprobs before each of its tokens; ``chosen_logprobs`` are the
+        logprobs of the continuation's tokens. With ``sampling.full_vocab`` the score also holds
+        the whole distributions (``full_logprobs``), as arrays.
+        """
+        ...
+
+
+@runtime_checkable
+class TensorSource(Protocol):
+    """Optional ability: logits and per-layer hidden states on given sequences (NMSE of tensors)."""
+
+    def capture_tensors(self, cases: Sequence[Case], continuations: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, np.ndarray]]:
+        """Per case id: ``logits`` and ``hidden.<layer>`` at each continuation position."""
+        ...
+
+
+@runtime_checkable
+class SpeedLevels(Protocol):
+    """Optional ability: replay a workload at several concurrencies in one engine start
+    (``harness speed``: c1/c4/c8 beside the oracle). Without it an engine is timed once, at its
+    own concurrency."""
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """Concurrency -> the :class:`~harness.speed.Speed` of the whole workload at it (``start``
+        first; the runner stays started)."""
+        ...
 
 
 @runtime_checkable
@@ -196,5 +308,8 @@ class Comparator(Protocol):
     """Judges a candidate output against the oracle's. Returns a verdict; never asserts or prints."""
 
     key: str
+    needs_scores: bool
+    """True: it judges the candidate's *scores* of the oracle's sequences (teacher forcing) and
+    also judges a whole run with ``compare_run``; False: it judges what the candidate generated."""
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict: ...

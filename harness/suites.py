@@ -12,14 +12,23 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.api import Case, Sampling
 from harness.registry import unknown
 
+if TYPE_CHECKING:
+    from harness.models.arch import ModelLimits
+
 
 class SuiteError(ValueError):
     """A malformed suite file; the message names the file and the field."""
+
+
+class SuiteMismatch(SuiteError):
+    """A well-formed suite that cannot mean the same thing on this model (a token id outside its
+    vocabulary, a case longer than its context, more logprobs than it has tokens); the message names
+    the suite file, the case and the field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,9 @@ class ComparatorSpec:
 class Suite:
     name: str
     version: int
+    kind: str
+    """The gate kind that runs it (``parity``, ``kv_roundtrip``, ``ab``, ...): see
+    :mod:`harness.kinds`. Checked against the registry when a gate starts."""
     description: str
     sampling: Sampling
     comparators: tuple[ComparatorSpec, ...]
@@ -51,13 +63,16 @@ class Suite:
     digest: str
     """sha256 of the suite file: goldens remember it."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Other top-level tables (e.g. ``kv``, ``kl``) for the gates that read them."""
+    """Other top-level tables (e.g. ``kv``, ``accuracy``) for the gate kind that reads them; a
+    table its kind does not read is refused when the gate starts."""
 
     def comparator(self, name: str) -> ComparatorSpec | None:
         return next((c for c in self.comparators if c.name == name), None)
 
-    def build_cases(self, encode: Callable[[str], Sequence[int]]) -> tuple[Case, ...]:
-        """Turn the case specs into token-id cases with the model's tokenizer ``encode``."""
+    def build_cases(self, encode: Callable[[str], Sequence[int]],
+                    limits: ModelLimits | None = None) -> tuple[Case, ...]:
+        """Turn the case specs into token-id cases with the model's tokenizer ``encode``; with the
+        model's ``limits``, refuse (:class:`SuiteMismatch`) what the model cannot run as written."""
         out = []
         for spec in self.cases:
             if spec.ids is not None:
@@ -70,7 +85,29 @@ class Suite:
             if not ids:
                 raise SuiteError(f"{self.path}: case {spec.id!r} encodes to zero tokens")
             out.append(Case(spec.id, ids, text, spec.tags))
+        if limits is not None:
+            self.check_fits(out, limits)
         return tuple(out)
+
+    def check_fits(self, cases: Sequence[Case], limits: ModelLimits) -> None:
+        """Raise :class:`SuiteMismatch` naming the first field the model cannot honour."""
+        vocab, k = limits.vocab_size, self.sampling.logprobs
+        if vocab is not None and k > vocab:
+            raise SuiteMismatch(f"{self.path} [sampling]: field 'logprobs' asks for {k} per position, "
+                                f"but the model's vocabulary has {vocab} tokens")
+        for case, spec in zip(cases, self.cases, strict=True):
+            if vocab is not None and (bad := [t for t in case.prompt_ids if not 0 <= t < vocab]):
+                raise SuiteMismatch(f"{self.path}: case {case.id!r} field 'ids' holds token {bad[0]}, "
+                                    f"outside the model's vocabulary of {vocab} tokens (ids 0..{vocab - 1})"
+                                    if spec.ids is not None else
+                                    f"{self.path}: case {case.id!r} field 'text' encodes to token {bad[0]}, "
+                                    f"outside the model's vocabulary of {vocab} tokens")
+            need = len(case.prompt_ids) + self.sampling.max_tokens
+            if need > limits.max_len:
+                raise SuiteMismatch(
+                    f"{self.path}: case {case.id!r} needs {len(case.prompt_ids)} prompt tokens + "
+                    f"[sampling] field 'max_tokens' {self.sampling.max_tokens} = {need} positions, "
+                    f"beyond the model's context of {limits.max_len}")
 
 
 def _need(d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
@@ -81,6 +118,21 @@ def _need(d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: s
         names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
         raise SuiteError(f"{where}: field {key!r} must be {names}, got {v!r}")
     return v
+
+
+FULL_TOP_K = 20
+"""With ``logprobs = "full"``, the top-k rows kept beside the full distributions (strict, near-tie,
+the goldens, and what a failure prints): vLLM's and most servers' default cap."""
+
+
+def _logprobs(v: Any, where: str) -> tuple[int, bool]:
+    """``logprobs = k`` (an int >= 0) or ``"full"`` -> (top-k, full vocabulary)."""
+    if v == "full":
+        return FULL_TOP_K, True
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SuiteError(f"{where}: field 'logprobs' must be an int >= 0 or \"full\" (the whole "
+                         f"vocabulary, whatever the model), got {v!r}")
+    return v, False
 
 
 def load_suite(path: Path) -> Suite:
@@ -96,18 +148,20 @@ def load_suite(path: Path) -> Suite:
         raise SuiteError(f"{where}: field 'name' is {name!r} but the file is {path.name}")
     version = _need(raw, "version", int, where)
     s = _need(raw, "sampling", dict, where)
+    k, full = _logprobs(s.get("logprobs", 5), f"{where} [sampling]")
     sampling = Sampling(
         max_tokens=_need(s, "max_tokens", int, f"{where} [sampling]"),
-        logprobs=int(s.get("logprobs", 5)),
+        logprobs=k,
         temperature=float(s.get("temperature", 0.0)),
         seed=int(s.get("seed", 0)),
+        full_vocab=full,
     )
     if sampling.temperature != 0.0:
         raise SuiteError(f"{where} [sampling]: field 'temperature' must be 0 (parity gates are greedy)")
     if sampling.max_tokens < 1 or sampling.logprobs < 0:
         raise SuiteError(f"{where} [sampling]: max_tokens must be >= 1 and logprobs >= 0")
 
-    from harness.compare import COMPARATORS
+    from harness.compare import COMPARATORS, ParamError, check_params
 
     comps = []
     for cname, params in _need(raw, "compare", dict, where).items():
@@ -118,6 +172,10 @@ def load_suite(path: Path) -> Suite:
         gate = params.get("gate", True)
         if not isinstance(gate, bool):
             raise SuiteError(f"{where} [compare.{cname}]: field 'gate' must be true or false")
+        try:
+            check_params(cname, params, where)
+        except ParamError as e:
+            raise SuiteError(str(e)) from None
         comps.append(ComparatorSpec(cname, gate, {k: v for k, v in params.items() if k != "gate"}))
     if not comps:
         raise SuiteError(f"{where}: [compare] names no comparator")
@@ -145,9 +203,12 @@ def load_suite(path: Path) -> Suite:
                               tuple(c.get("tags", ()))))
     if not cases:
         raise SuiteError(f"{where}: no cases")
-    known = {"name", "version", "description", "sampling", "compare", "cases"}
+    kind = raw.get("kind", "parity")
+    if not isinstance(kind, str) or not kind:
+        raise SuiteError(f"{where}: field 'kind' must be a gate kind name, got {kind!r}")
+    known = {"name", "version", "kind", "description", "sampling", "compare", "cases"}
     return Suite(
-        name=name, version=version, description=str(raw.get("description", "")),
+        name=name, version=version, kind=kind, description=str(raw.get("description", "")),
         sampling=sampling, comparators=tuple(comps), cases=tuple(cases), path=path,
         digest=hashlib.sha256(raw_bytes).hexdigest(),
         extra={k: v for k, v in raw.items() if k not in known},

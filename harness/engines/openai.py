@@ -40,14 +40,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
+from harness.engines.base import ENGINES, RunnerContext
+from harness.models import ModelRef
 from harness.speed import Speed
 
 TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
@@ -233,16 +235,21 @@ class OpenAIRunner:
 
     # -- contract ----------------------------------------------------------------------------
     def info(self) -> EngineInfo:
-        settings = self.options.settings()
-        settings["model"] = self._served.get("id", self.options.model)
+        env = self.options.settings()
+        settings = {"model": self._served.get("id", self.options.model),
+                    "concurrency": env.pop("concurrency"), "stream": env.pop("stream")}
+        env.pop("model", None)
         if self._fingerprint:
-            settings["system_fingerprint"] = self._fingerprint
+            env["system_fingerprint"] = self._fingerprint
         if self.protocol is not None:
-            settings["protocol"] = {"logprobs": self.protocol.logprobs, "ids_from": self.protocol.ids_from,
-                                    "top_ids": self.protocol.top_ids, "stream": self.protocol.stream,
-                                    "extras": sorted(self.protocol.extras)}
+            env["protocol"] = {"logprobs": self.protocol.logprobs, "ids_from": self.protocol.ids_from,
+                               "top_ids": self.protocol.top_ids, "stream": self.protocol.stream,
+                               "extras": sorted(self.protocol.extras)}
         return EngineInfo(self.name, str(self._served.get("owned_by") or "openai-compatible"),
-                          self._version, settings=settings)
+                          self._version, settings=settings, environment=env)
+
+    def facts(self) -> RunFacts:
+        return RunFacts(timings=dict(self.timings), speed=self.speed, capabilities=self.capabilities)
 
     def start(self) -> None:
         """Wait for ``/v1/models`` (``wait`` seconds), pick the served model, read the version."""
@@ -301,6 +308,20 @@ class OpenAIRunner:
         self.speed = Speed(c, len(cases), n_tok, wall, ttfts,
                            "http-stream" if self.protocol.stream else "http")
         return outs
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """The workload at each concurrency in turn, against the same running server."""
+        base, out = self.options, {}
+        try:
+            for c in levels:
+                self.options = replace(base, concurrency=int(c))
+                self.run(cases, sampling)
+                assert self.speed is not None
+                out[int(c)] = self.speed
+        finally:
+            self.options = base
+        return out
 
     def close(self) -> None:
         """Nothing is held between requests (one connection per request)."""
@@ -641,3 +662,9 @@ class OpenAIRunner:
         key = os.environ.get(self.options.key_env)
         return text.replace(key, "***") if key else text
 
+
+
+@ENGINES.register("openai", help="an OpenAI-compatible server "
+                           "(openai:http://127.0.0.1:8000,c=8,key_env=MY_KEY)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> OpenAIRunner:
+    return OpenAIRunner(parse_openai_spec(spec, arg, ctx.concurrency or 1), name=ctx.name or spec)

@@ -142,7 +142,8 @@ def test_gpu_class_and_the_cpu_side_of_a_gpu_machine() -> None:
 
 
 def test_missing_or_malformed_fingerprints_are_unknown() -> None:
-    assert device_class(None) == device_class({}) == device_class({"cpu": "x"}) == UNKNOWN
+    assert device_class({}) == device_class({"cpu": "x"}) == UNKNOWN
+    assert device_class() == device_class(fingerprint())  # no fingerprint: this machine's
     assert recorded_class({"schema": 1, "platform": {"machine": "x86_64"}}) == UNKNOWN
     assert recorded_class({"device": {"class": ""}}) == UNKNOWN
     assert recorded_class({"device": {"class": "cpu-x86_64-avx2"}}) == "cpu-x86_64-avx2"

@@ -79,7 +79,7 @@ def test_under_emulated_avx2_the_oracle_reproduces_the_goldens_and_hf_passes(
     env.update({"HARNESS_CPU_ISA": "avx2", "HARNESS_ROOT": str(workspace.root),
                 "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)})
     run = subprocess.run([sys.executable, "-m", "harness.cli", "gate", "--model", "tiny-llama",
-                          "--suite", "smoke", "--candidate", "hf", "--no-oracle-speed"],
+                          "--suite", "smoke", "--candidate", "hf"],
                          env=env, capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0 and "outcome: pass" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
 

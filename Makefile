@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend
+.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend invariance
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -22,6 +22,7 @@ help:
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
+	@echo "make invariance MODEL=tiny-llama [ENGINE=vllm] [VARIANTS=batch,rl]  configurations that must not change one token"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
@@ -93,6 +94,16 @@ LEVELS ?= 1,4,8
 speed: venv
 	$(BIN)/harness speed --model '$(MODEL)' --suite '$(SUITE)' --levels '$(LEVELS)' \
 		--candidate '$(if $(filter command line,$(origin CANDIDATE)),$(CANDIDATE),vllm-server)'
+
+# Invariance gates: batching, prefix cache, chunked prefill, speculative decoding, preemption, the KV
+# connector, decode vs prefill (bit-exact / near-tie), and trainer-vs-rollout logprobs. SUITE defaults
+# to invariance here.
+ENGINE ?= vllm
+VARIANTS ?=
+invariance: venv
+	$(BIN)/harness invariance --model '$(MODEL)' --engine '$(ENGINE)' \
+		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),invariance)' \
+		$(if $(VARIANTS),--variants '$(VARIANTS)')
 
 bench: venv
 	$(BIN)/python benchmarks/compare_throughput.py

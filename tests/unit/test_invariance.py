@@ -604,3 +604,18 @@ def test_no_machine_path_reaches_the_record(inv_ws: Workspace) -> None:
 def test_only_the_pinned_vllm_is_driven(inv_ws: Workspace) -> None:
     with pytest.raises(SuiteError, match="drives the pinned vLLM"):
         run_gate(inv_ws, "tiny-llama", "invariance_small", "hf", options={"ran": None}, write=False)
+
+
+def test_an_invariance_record_prints_one_line_per_variant(inv_ws: Workspace) -> None:
+    from rich.console import Console
+
+    from harness.report import print_record
+
+    rec = gate(inv_ws, synthetic_ran, write=False).record
+    con = Console(record=True, width=220)
+    print_record(rec, "", con)
+    text = con.export_text()
+    for name in ("batch", "prefix_cache", "decode_prefill", "rl"):
+        assert f"│ {name} " in text, name
+    assert "controls answered as planted (all)" in text and "dtype=bfloat16: bit-exact failed" in text
+    assert "rollout logprobs: raw_logprobs" in text

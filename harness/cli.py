@@ -16,12 +16,14 @@ from rich.console import Console
 from harness.api import EngineRefused
 from harness.engines.venvs import VenvError
 from harness.goldens import GoldenError
+from harness.models.built import ModelBuildError
 from harness.records import RecordError
 from harness.registry import Registry, UnknownName
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
-BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError, EngineRefused, VenvError)
+BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError, EngineRefused, VenvError,
+             ModelBuildError)
 
 console = Console()
 err = Console(stderr=True)
@@ -160,10 +162,15 @@ def cmd_show(a: argparse.Namespace, ws: Workspace) -> int:
 @command("list", "list models, suites and candidate engines", lambda p: None)
 def cmd_list(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.engines import describe
-    from harness.models import builtin_models
+    from harness.models import MODELS, builtin_models
     from harness.suites import suite_names
 
-    console.print("models    : " + ", ".join(builtin_models(ws)) + " (or a local checkpoint / hub id)")
+    for name in builtin_models(ws):
+        e = MODELS.entry(name) if name in MODELS else None
+        text = (f"{e.meta.architecture:20s} {e.meta.source:9s} {e.help}" if e
+                else "a checkpoint folder under models/")
+        console.print(f"model     : {name:15s} {text}", highlight=False)
+    console.print("model     : (or a local checkpoint folder / hub id)")
     console.print("suites    : " + ", ".join(suite_names(ws.suites)))
     for name, text in describe().items():
         console.print(f"candidate : {name:10s} {text}")

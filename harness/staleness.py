@@ -112,14 +112,13 @@ class Current:
         return self._memo(("golden", model, suite), read)
 
     def model_digest(self, model: str, suite: str) -> str | None:
-        """The committed model's content digest; for a model that is built, not committed, the
-        digest its committed goldens were recorded for (this suite's, else any suite's)."""
+        """The committed model's content digest, a built named model's pinned one; for any other
+        model, the digest its committed goldens were recorded for (this suite's, else any suite's)."""
         def compute() -> str | None:
-            from harness.models import content_digest
+            from harness.models import known_digest
 
-            folder = self.ws.models / model
-            if (folder / "config.json").exists():
-                return content_digest(folder)
+            if (digest := known_digest(model, self.ws)) is not None:
+                return digest
             m = self.golden_manifest(model, suite)
             if m is None:
                 folder = self.ws.goldens / model.strip("/").replace("/", "--")

@@ -101,7 +101,8 @@ class Invariance:
         stamp = now_utc().replace(":", "").replace("-", "")
         name = f"inv-{stamp}-{req.suite.name}-{req.model.slug}-{secrets.token_hex(3)}"
         run_dir = (ws.runs / name).resolve()
-        plan = make_plan(s, req.suite.build_cases(req.model.encode), base, run_dir / "kv-store")
+        cases = req.suite.build_cases(req.model.encode, req.model.limits)  # a prompt too long is bad input
+        plan = make_plan(s, cases, base, run_dir / "kv-store")
         return Prepared(s, plan, base, run_dir)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Ran:

@@ -154,7 +154,7 @@ def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling:
                      folder: Path) -> GroupResult:
     """One OpenAI server; the same prompts at each concurrency of ``g.levels``, in order."""
     from harness.engines.openai import OpenAIOptions, OpenAIRunner
-    from harness.engines.vllm_server import VLLMServer
+    from harness.engines.vllm_server import VLLMServer, server_args
 
     folder.mkdir(parents=True, exist_ok=True)
     server = VLLMServer(model, g.settings, log_path=folder / "server.log")
@@ -185,7 +185,7 @@ def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling:
     finally:
         server.stop()
     return GroupResult(g.key, g.settings, "ok", version=version, timings=timings, outputs=outputs,
-                       meta={"server_args": server.command()[3:]})
+                       meta={"server_args": server_args(g.settings)})  # the flags, not the model's path
 
 
 def run_plan(plan: Plan, model: ModelRef, sampling: Sampling, folder: Path, timeout_s: float,

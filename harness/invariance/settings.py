@@ -86,7 +86,10 @@ _variant(Variant("spec_decode", "n-gram speculative decoding vs none",
                                                 "prompt_lookup_max": 3, "prompt_lookup_min": 2}}))
 _variant(Variant("preemption", "a KV pool so small the scheduler preempts and recomputes vs a large one",
                  "the base engine, whose KV pool holds every request at once",
-                 engine={"num_gpu_blocks_override": 8}))
+                 engine={"num_gpu_blocks_override": 8, "max_model_len": 224}))
+# vLLM refuses to start when one request of max_model_len cannot fit the pool ("To serve at least one
+# request with the model's max seq len (4096) ... the estimated maximum model length is 224"): 8
+# blocks of 32, less the one block vLLM keeps back, hold 224 tokens.
 _variant(Variant("kv_connector", "a prompt prefix restored through the KV connector vs recomputed",
                  "the same prompts in the same batch reading no cache (the KV round trip's ref lane)",
                  params={"chunk_size": 32}))

@@ -102,6 +102,14 @@ class Invariance:
         name = f"inv-{stamp}-{req.suite.name}-{req.model.slug}-{secrets.token_hex(3)}"
         run_dir = (ws.runs / name).resolve()
         cases = req.suite.build_cases(req.model.encode, req.model.limits)  # a prompt too long is bad input
+        n_gen = req.suite.sampling.max_tokens
+        for v in s.variants:  # an engine with a shorter context (the preemption pool) must fit every case
+            limit = v.engine.get("max_model_len")
+            long = [c for c in cases if isinstance(limit, int) and len(c.prompt_ids) + n_gen > limit]
+            if long:
+                raise SuiteError(f"{req.suite.path} [invariance.{v.name}]: engine max_model_len {limit} is "
+                                 f"shorter than case {long[0].id!r} ({len(long[0].prompt_ids)} prompt "
+                                 f"tokens + max_tokens {n_gen})")
         plan = make_plan(s, cases, base, run_dir / "kv-store")
         return Prepared(s, plan, base, run_dir)
 

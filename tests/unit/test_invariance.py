@@ -619,3 +619,11 @@ def test_an_invariance_record_prints_one_line_per_variant(inv_ws: Workspace) -> 
         assert f"│ {name} " in text, name
     assert "controls answered as planted (all)" in text and "dtype=bfloat16: bit-exact failed" in text
     assert "rollout logprobs: raw_logprobs" in text
+
+
+def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -> None:
+    p = inv_ws.suites / "invariance.toml"
+    p.write_text(p.read_text().replace("max_model_len = 224", "max_model_len = 96"))
+    with pytest.raises(SuiteError, match=r"\[invariance.preemption\]: engine max_model_len 96 is shorter than "
+                                         r"case 'c03'"):
+        run_gate(inv_ws, "tiny-llama", "invariance", "vllm", options={"ran": None}, write=False)

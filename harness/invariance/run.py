@@ -188,20 +188,34 @@ def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling:
                        meta={"server_args": server_args(g.settings)})  # the flags, not the model's path
 
 
+BUSY_MEMORY = "less than desired CPU memory utilization"
+"""vLLM on CPU refuses to start while other processes hold the memory its fraction asks for: a
+busy machine, not a property of the configuration; the start is tried again after a pause."""
+BUSY_RETRIES, BUSY_WAIT_S = 2, 60.0
+
+
 def run_plan(plan: Plan, model: ModelRef, sampling: Sampling, folder: Path, timeout_s: float,
              progress: Callable[[str], None] | None = None) -> dict[str, GroupResult]:
-    """Every group of the plan, in order; one engine start each."""
+    """Every group of the plan, in order; one engine start each (a start that met a busy machine
+    is tried again, and its attempts are counted in its timings)."""
     done: dict[str, GroupResult] = {}
     for g in plan.groups:
         if progress:
             progress(f"engine {g.key}: {', '.join(g.serves)}")
         t0 = time.perf_counter()
-        if g.levels:
-            r = run_server_group(g, model, plan.cases, sampling, folder / g.key)
-        else:
-            r = run_vllm_group(g, model, sampling, folder / g.key, done, timeout_s)
-        done[g.key] = GroupResult(**{**_fields(r), "timings": {**r.timings,
-                                                              "wall_s": time.perf_counter() - t0}})
+        for attempt in range(1 + BUSY_RETRIES):
+            if g.levels:
+                r = run_server_group(g, model, plan.cases, sampling, folder / g.key)
+            else:
+                r = run_vllm_group(g, model, sampling, folder / g.key, done, timeout_s)
+            if r.ok or BUSY_MEMORY not in r.reason or attempt == BUSY_RETRIES:
+                break
+            if progress:
+                progress(f"engine {g.key}: the machine's memory is busy ({r.reason[:100]}); again in "
+                         f"{BUSY_WAIT_S:.0f} s")
+            time.sleep(BUSY_WAIT_S)
+        done[g.key] = GroupResult(**{**_fields(r), "timings": {
+            **r.timings, "wall_s": time.perf_counter() - t0, "attempts": float(attempt + 1)}})
     return done
 
 

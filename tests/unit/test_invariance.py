@@ -627,3 +627,21 @@ def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -
     with pytest.raises(SuiteError, match=r"\[invariance.preemption\]: engine max_model_len 96 is shorter than "
                                          r"case 'c03'"):
         run_gate(inv_ws, "tiny-llama", "invariance", "vllm", options={"ran": None}, write=False)
+
+
+def test_a_start_that_meets_a_busy_machine_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.invariance import run as run_mod
+    from harness.invariance.plan import Group, Pass
+
+    busy = ("ValueError: Available memory on node 0 (6.6/23.54 GiB) on startup is less than desired CPU "
+            "memory utilization (0.3, 7.06 GiB).")
+    answers = [GroupResult("base", {}, "error", busy), GroupResult("base", {}, "ok", version="0.32.0")]
+    monkeypatch.setattr(run_mod, "run_vllm_group", lambda *a, **k: answers.pop(0))
+    monkeypatch.setattr(run_mod, "BUSY_WAIT_S", 0.0)
+    plan = Plan((), (Group(BASE, {}, (Pass(TOGETHER, ()),)),))
+    got = run_mod.run_plan(plan, None, Sampling(4), Path("/nonexistent"), 10.0)  # type: ignore[arg-type]
+    assert got[BASE].ok and got[BASE].timings["attempts"] == 2.0 and not answers
+    refused = [GroupResult("base", {}, "refused", "NotImplementedError: not supported")]
+    monkeypatch.setattr(run_mod, "run_vllm_group", lambda *a, **k: refused.pop(0))
+    got = run_mod.run_plan(plan, None, Sampling(4), Path("/nonexistent"), 10.0)  # type: ignore[arg-type]
+    assert got[BASE].status == "refused" and got[BASE].timings["attempts"] == 1.0  # a refusal is final

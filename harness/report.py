@@ -173,8 +173,10 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
     for note in (rec.extra.get("capabilities") or {}).get("notes", ()):
         con.print(Text(f"note: {note}", style="dim"), highlight=False)
     con.print(Text.assemble("outcome: ", status_text(rec.outcome), "  ", rec.summary))
+    against = (f"oracle {rec.oracle.get('pin')}" if rec.oracle.get("pin") else
+               f"reference {rec.oracle.get('spec')} ({rec.oracle.get('engine')} {rec.oracle.get('version')})")
     con.print(f"[dim]harness {str(rec.harness.get('sha'))[:10]}{'+dirty' if rec.harness.get('dirty') else ''}"
-              f" · oracle {rec.oracle.get('pin')} · model {rec.model['digest'][:12]}"
+              f" · {against} · model {rec.model['digest'][:12]}"
               + (f" · record {path}" if path else "") + "[/dim]")
 
 

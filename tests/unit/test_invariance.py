@@ -618,7 +618,7 @@ def test_an_invariance_record_prints_one_line_per_variant(inv_ws: Workspace) -> 
     for name in ("batch", "prefix_cache", "decode_prefill", "rl"):
         assert f"│ {name} " in text, name
     assert "controls answered as planted (all)" in text and "dtype=bfloat16: bit-exact failed" in text
-    assert "rollout logprobs: raw_logprobs" in text
+    assert "rollout logprobs: raw_logprobs" in text and "reference vllm (vllm 0.32.0)" in text
 
 
 def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -> None:

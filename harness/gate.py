@@ -13,6 +13,7 @@ from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Runner, Verdict
 from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
+from harness.checks import candidate_checks, check_controls, check_gates
 from harness.controls import guard, suite_controls
 from harness.distribution import FIGURES, Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
@@ -215,7 +216,9 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
         caps = getattr(runner, "capabilities", None) or caps  # servers detect theirs while running
         comps = [c for s in suite.comparators
                  if not isinstance(c := comparator_for(s.name, s.params, model.decode, caps), str)]
-        verdicts = judge(golden, outputs, suite, model.decode, caps, scores)
+        # the candidate's self-checks (tokenizer parity, greedy self-consistency) come first
+        verdicts = (candidate_checks(golden.cases, outputs, caps, model.decode)
+                    + judge(golden, outputs, suite, model.decode, caps, scores))
         if scores is not None:
             dist = judge_run(comps, golden.cases, golden.outputs, scores, how)
             verdicts += list(dist.verdicts) if dist else []
@@ -238,10 +241,12 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     timings.update({f"candidate_{k}": float(v) for k, v in getattr(runner, "timings", {}).items()})
     oracle_t = golden.manifest.get("timings", {})
     timings.update({f"oracle_{k}": float(v) for k, v in oracle_t.items()})
-    gates = tuple(s.name for s in suite.comparators if s.gate)
+    gates = tuple(s.name for s in suite.comparators if s.gate) + check_gates(verdicts)
 
     # The vacuous-gate guard: planted mutations against these goldens must fail (see controls.py).
     controls = suite_controls(suite, golden, model.decode, getattr(runner, "capabilities", None))
+    controls += check_controls(verdicts, golden.cases, golden.outputs, getattr(runner, "capabilities", None),
+                               model.decode)
     outcome, vacuous = guard(outcome_of(verdicts, gates), controls, gates)
     summary = summarize(suite, verdicts, golden.cases)
     if outcome == "vacuous":

@@ -21,6 +21,8 @@ def engine_error(key: str, oracle: Output, candidate: Output, case: Case) -> Ver
 
 
 def _tok(decode: Decode | None, tid: int) -> str:
+    if tid < 0:  # a token text no single id accounts for (harness.engines.token_text.UNMAPPED)
+        return f"{tid} (a token text several ids render as: id unknown)"
     return f"{tid} {decode([tid])!r}" if decode else str(tid)
 
 

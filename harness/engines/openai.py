@@ -361,7 +361,8 @@ class OpenAIRunner:
         self.speed = Speed(c, len(cases), n_tok, wall, ttfts,
                            "http-stream" if self.protocol.stream else "http")
         if self.protocol.ids_from == "token_text" or self.protocol.top_from_text:
-            self._set_capabilities(unmapped={k: self._unmapped[k] for k in ("generated", "top", "missing")},
+            self._set_capabilities(unmapped={k: self._unmapped[k] for k in ("generated", "resolved", "top",
+                                                                            "missing")},
                                    notes=self.capabilities.notes + self._ambiguity_note())
         return outs
 
@@ -410,12 +411,15 @@ class OpenAIRunner:
 
     def _ambiguity_note(self) -> tuple[str, ...]:
         u = self._unmapped
+        resolved = (f"; {u['resolved']} generated texts that several ids share resolved by retokenizing "
+                    f"the completion" if u["resolved"] else "")
         if not (u["generated"] or u["top"] or u["missing"]):
-            return ("token texts mapped to ids through the model's tokenizer: every text unambiguous",)
+            return ("token texts mapped to ids through the model's tokenizer: every text accounted for"
+                    + resolved,)
         shared = ", ".join(f"{t!r} ({n} ids)" for t, n in list(self._token_texts().examples.items())[:5])
         return (f"token texts mapped to ids through the model's tokenizer: {u['generated']} generated and "
                 f"{u['top']} top-k texts matched no single id (id {UNMAPPED}: {shared}); {u['missing']} "
-                f"top-k entries lost to texts that collided in the server's answer",)
+                f"top-k entries lost to texts that collided in the server's answer" + resolved,)
 
     def _verify_tokenization(self, cases: Sequence[Case]) -> dict[str, str]:
         """Read the ids the server makes of every case's text; returns the cases not to send."""
@@ -541,9 +545,10 @@ class OpenAIRunner:
                 reply = self._with_retries(lambda b=body: self._complete(b, False))
                 break
             except Fault as f:
-                if f.status not in (400, 422):
-                    raise
                 text = f.excerpt or f.what
+                # llama-cpp-python answers a request it cannot validate with HTTP 500
+                if f.status not in (400, 422) and not (f.status == 500 and "validation error" in text):
+                    raise
                 cap = re.search(r"max(?:imum)? allowed:?\s*(\d+)", text)
                 if k > 0 and cap and int(cap.group(1)) < k:
                     notes.append(f"server caps logprobs at {cap.group(1)} (asked {k}; vLLM: --max-logprobs)")
@@ -650,6 +655,9 @@ class OpenAIRunner:
             texts = self._token_texts()
             with self._lock:
                 ids = [texts.lookup(tok) for tok in r.lp_tokens]
+                if UNMAPPED in ids:
+                    ids, resolved = self._retokenized(ids, r.lp_tokens, text)
+                    self._unmapped["resolved"] += resolved
                 self._unmapped["generated"] += sum(t == UNMAPPED for t in ids)
         else:
             return Output(case_id, (), text, finish_reason=r.finish_reason or "")
@@ -692,6 +700,21 @@ class OpenAIRunner:
             top_lps[p] = [v for _, v in items[:k]]
         return Output(case_id, tuple(ids), text, top_ids, top_lps, chosen, r.finish_reason or "")
 
+    def _retokenized(self, ids: list[int], shown: Sequence[str], text: str) -> tuple[list[int], int]:
+        """Generated tokens whose text several ids share, resolved where the model's tokenizer makes
+        of the completion's text exactly as many tokens, each rendering as the server showed it and
+        each agreeing with every id already known: then those ids are the ones the texts spell
+        (the tokenizer's, verified identical to the server's on the prompts). Returns (ids, resolved)."""
+        if not text:
+            return ids, 0
+        texts = self._token_texts()
+        again = list(self._need_model("mapping token texts").encode(text))
+        if len(again) != len(ids) or any(
+                (t != UNMAPPED and t != a) or shown[p] not in texts.renders(a) for p, (t, a) in
+                enumerate(zip(ids, again, strict=True))):
+            return ids, 0
+        return again, sum(t == UNMAPPED for t in ids)
+
     def _text_keyed(self, case_id: str, ids: Sequence[int], text: str, chosen: np.ndarray, r: _Reply,
                     k: int) -> Output:
         """Top-k rows keyed by token text -> ids through the model's tokenizer (see token_text)."""
@@ -707,7 +730,10 @@ class OpenAIRunner:
                     got = len(row) if isinstance(row, Mapping) else row
                     raise Fault(f"wrong number of logprobs at position {p}: got {got}, asked {k}",
                                 excerpt=json.dumps(row)[:EXCERPT])
-                m = texts.map_row(row, k)
+                known = None
+                if p < len(r.lp_tokens) and np.isfinite(chosen[p]):
+                    known = (r.lp_tokens[p], float(r.lp_chosen[p]), int(ids[p]))  # type: ignore[arg-type]
+                m = texts.map_row(row, k, known)
                 top_ids[p], top_lps[p] = m.ids, m.logprobs
                 self._unmapped["top"] += m.ambiguous
                 self._unmapped["missing"] += m.missing

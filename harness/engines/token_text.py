@@ -137,18 +137,22 @@ class TokenTexts:
             self.examples[text] = len(ids)
         return UNMAPPED
 
-    def map_row(self, row: Mapping[str, float], k: int) -> RowMap:
+    def map_row(self, row: Mapping[str, float], k: int,
+                chosen: tuple[str, float, int] | None = None) -> RowMap:
         """A text-keyed top-logprob row -> its top ``k`` as (ids, logprobs), best first.
 
         The server may add the chosen token to the top k (OpenAI's rule: k or k + 1 entries) and
         may return fewer than k when texts collided; missing entries are padded, never invented.
+        ``chosen`` (text, logprob, id) of the generated token, when its id is known: the entry with
+        that text *and* that logprob is that token (an ambiguous text is resolved by it).
         """
         items = sorted(((float(lp), text) for text, lp in row.items()), key=lambda x: -x[0])[:k]
         ids = np.full(k, UNMAPPED, np.int32)
         lps = np.full(k, -np.inf, np.float32)
         ambiguous = 0
         for j, (lp, text) in enumerate(items):
-            tid = self.lookup(text)
+            known = chosen is not None and chosen[2] >= 0 and text == chosen[0] and lp == chosen[1]
+            tid = chosen[2] if known and chosen is not None else self.lookup(text)
             ambiguous += tid == UNMAPPED
             ids[j], lps[j] = tid, lp
         return RowMap(ids, lps, ambiguous, max(0, k - len(items)))

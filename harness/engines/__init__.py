@@ -8,6 +8,8 @@ A candidate spec is ``NAME``, ``NAME:OPTIONS`` or ``NAME:ARGUMENT``:
 * ``openai:http://127.0.0.1:8000,c=8``         any OpenAI-compatible server (harness.engines.openai)
 * ``cmd:python my_engine.py {model}``          any program speaking JSON lines (harness.engines.cmd)
 * ``vllm-server`` / ``vllm-server@0.31.0``     a vLLM OpenAI server the harness starts and stops
+* ``llamacpp`` / ``llamacpp:gguf=q4_1``         llama.cpp's server (llama-cpp-python), built on first
+                                               use, started and stopped by the harness
 
 A new engine registers a factory in :data:`RUNNERS`; nothing else changes.
 """
@@ -73,7 +75,7 @@ def _vllm_release(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContex
 def _openai(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
     from harness.engines.openai import OpenAIRunner, parse_openai_spec
 
-    return OpenAIRunner(parse_openai_spec(spec, arg, ctx.concurrency or 1), name=spec)
+    return OpenAIRunner(parse_openai_spec(spec, arg, ctx.concurrency or 1), name=spec, model=model)
 
 
 def _cmd(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
@@ -92,8 +94,16 @@ def _vllm_server(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext
                             run_dir=ctx.run_dir, concurrency=ctx.concurrency or 1)
 
 
+def _llamacpp(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> Runner:
+    from harness.engines.llamacpp import LlamaCppRunner
+
+    return LlamaCppRunner(model, parse_options(arg, spec), name=spec, run_dir=ctx.run_dir,
+                          concurrency=ctx.concurrency or 1)
+
+
 RUNNERS: dict[str, Factory] = {"hf": _hf, "vllm": _vllm, "vllm@": _vllm_release, "openai": _openai,
-                               "cmd": _cmd, "vllm-server": _vllm_server, "vllm-server@": _vllm_server}
+                               "cmd": _cmd, "vllm-server": _vllm_server, "vllm-server@": _vllm_server,
+                               "llamacpp": _llamacpp}
 """Engine name -> factory(spec, argument, model, context)."""
 
 DESCRIPTIONS: dict[str, str] = {
@@ -103,6 +113,7 @@ DESCRIPTIONS: dict[str, str] = {
     "openai": "an OpenAI-compatible server (openai:http://127.0.0.1:8000,c=8,key_env=MY_KEY)",
     "cmd": "a program reading workload JSONL, writing one JSON line per case (cmd:'./engine {model}')",
     "vllm-server": "a vLLM server the harness starts and stops (vllm-server:c=8, vllm-server@0.31.0)",
+    "llamacpp": "llama.cpp's server on the model's weights, built on first use (llamacpp:gguf=f32|f16|q4_1)",
 }
 
 

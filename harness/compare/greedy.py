@@ -35,15 +35,34 @@ def _tok(decode: Callable[[Sequence[int]], str] | None, tid: int) -> str:
     return f"{tid} {decode([tid])!r}" if decode else str(tid)
 
 
+NEUTRAL: Mapping[str, Any] = {
+    "repeat_penalty": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "min_p": 0.0, "top_p": 1.0, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0, "mirostat": 0,
+    "dynatemp_range": 0.0, "xtc_probability": 0.0, "dry_multiplier": 0.0}
+"""Values of sampling fields that leave a greedy choice alone, most likely culprits first."""
+
+
 def knobs_line(left: Mapping[str, Any], sent: Mapping[str, Any]) -> list[str]:
-    """How the request was sent, and what it left to the server."""
+    """How the request was sent, and what it left to the server: fields whose published default is
+    not neutral first (the likely culprits), with the neutral value to send."""
     out = [f"request    : {', '.join(f'{k}={v!r}' for k, v in sorted(sent.items())) or '(nothing)'}"]
-    if left:
-        shown = ", ".join(f"{k}" + (f" (server default {v!r})" if v is not None else "")
-                          for k, v in sorted(left.items()))
-        example = next(iter(sorted(left)))
-        out += [f"left to the server's defaults: {shown}",
-                f"send them explicitly, e.g. openai:URL,body.{example}=<neutral value>"]
+    if not left:
+        return out
+    order = list(NEUTRAL)
+    culprits = [k for k in order if k in left and left[k] is not None and left[k] != NEUTRAL[k]]
+    rest = sorted(k for k in left if k not in culprits)
+
+    def show(k: str) -> str:
+        return k + (f" (server default {left[k]!r})" if left[k] is not None else "")
+
+    if culprits:
+        out.append(f"left to the server's defaults, not neutral: {', '.join(show(k) for k in culprits)}")
+    if rest:
+        out.append(f"left to the server's defaults: {', '.join(show(k) for k in rest)}")
+    fix = culprits[0] if culprits else next((k for k in order if k in left), None)
+    if fix is not None:
+        out.append(f"send it explicitly: openai:URL,body.{fix}={NEUTRAL[fix]!r} "
+                   f"(llamacpp:body.{fix}=... for the managed server)")
     return out
 
 

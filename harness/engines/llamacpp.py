@@ -35,6 +35,7 @@ through the model's tokenizer (:mod:`harness.engines.openai`).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -46,7 +47,7 @@ from harness.capabilities import Capabilities
 from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf, sha256_file
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
-from harness.engines.venvs import VenvError, VenvInfo, ensure_llamacpp_venv
+from harness.engines.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.workspace import REPO_ROOT
@@ -108,6 +109,10 @@ class LlamaCppRunner:
         opts = dict(options)
         self.concurrency = int(opts.pop("c", concurrency))
         self.version = opts.pop("version", VERSION)
+        try:
+            llamacpp_dir(repo_root, self.version)
+        except VenvError as e:
+            raise EngineRefused(f"candidate {name!r}: {e}") from None
         self.gguf_choice = opts.pop("gguf", "f32")
         body = dict(GREEDY_BODY)
         for key in [k for k in opts if k.startswith("body.")]:
@@ -153,6 +158,10 @@ class LlamaCppRunner:
 
     def start(self) -> None:
         t0 = time.perf_counter()
+        folder = llamacpp_dir(self.repo_root, self.version)
+        if not (folder / STAMP).exists():
+            print(f"{self.name}: building llama-cpp-python=={self.version} into {folder} (llama.cpp from "
+                  f"source: minutes, once; log: {folder.name}.install.log beside it)", file=sys.stderr)
         try:
             self.venv = ensure_llamacpp_venv(self.repo_root, self.version)
         except VenvError as e:

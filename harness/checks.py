@@ -61,6 +61,18 @@ def check_gates(verdicts: Sequence[Verdict]) -> tuple[str, ...]:
     return tuple(k for k in CHECKS if any(v.comparator == k and v.status != "skip" for v in verdicts))
 
 
+def checks_summary(verdicts: Sequence[Verdict]) -> str:
+    """`` — greedy FAIL 1/8 (c02)`` for the checks that did not pass everywhere (empty otherwise)."""
+    parts = []
+    for key in CHECKS:
+        vs = [v for v in verdicts if v.comparator == key and v.status != "skip"]
+        bad = [v.case_id for v in vs if v.status in ("fail", "error")]
+        if bad:
+            word = "FAIL" if any(v.status == "fail" for v in vs) else "ERROR"
+            parts.append(f"{key} {word} {len(bad)}/{len(vs)} ({', '.join(bad[:4])}{' …' * (len(bad) > 4)})")
+    return "".join(f" — {p}" for p in parts)
+
+
 def check_controls(verdicts: Sequence[Verdict], cases: Sequence[Case], oracles: Mapping[str, Output],
                    capabilities: Capabilities | None,
                    decode: Callable[[Sequence[int]], str] | None = None) -> list[Control]:

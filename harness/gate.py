@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Runner, Verdict
 from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
-from harness.checks import candidate_checks, check_controls, check_gates
+from harness.checks import candidate_checks, check_controls, check_gates, checks_summary
 from harness.controls import guard, suite_controls
 from harness.distribution import FIGURES, Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
@@ -248,7 +248,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     controls += check_controls(verdicts, golden.cases, golden.outputs, getattr(runner, "capabilities", None),
                                model.decode)
     outcome, vacuous = guard(outcome_of(verdicts, gates), controls, gates)
-    summary = summarize(suite, verdicts, golden.cases)
+    summary = summarize(suite, verdicts, golden.cases) + checks_summary(verdicts)
     if outcome == "vacuous":
         summary += " — VACUOUS: " + "; ".join(vacuous)
 

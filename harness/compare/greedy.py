@@ -78,10 +78,10 @@ class Greedy:
     sent: Mapping[str, Any] = field(default_factory=dict)
 
     def compare(self, oracle: Output | None, candidate: Output, case: Case) -> Verdict:
-        if candidate.error is not None:
+        if candidate.error is not None:  # the comparators report the error itself
             first = candidate.error.splitlines()[0][:120]
-            return Verdict(case.id, self.key, "error", f"candidate error: {first}",
-                           evidence={"side": "candidate"})
+            return Verdict(case.id, self.key, "skip", f"not checked: candidate error: {first}",
+                           evidence={"kind": "candidate-error"})
         rows = None if candidate.top_logprobs is None else np.asarray(candidate.top_logprobs)
         if rows is None or candidate.chosen_logprobs is None or rows.ndim != 2 or rows.shape[1] == 0:
             return Verdict(case.id, self.key, "skip", "no logprobs: greedy self-consistency not checked",

@@ -99,6 +99,7 @@ def test_a_non_greedy_answer_names_where_by_how_much_and_the_knobs_left_to_the_s
     assert "top_k (server default 40)" in g["c02"].detail
     assert "temperature" not in g["c02"].evidence["left_to_server"]  # it was sent
     assert rec.outcome == "fail" and "greedy" in rec.gates
+    assert rec.summary.endswith(" — greedy FAIL 1/8 (c02)"), rec.summary
     controls = {c.mutation: c for c in rec.controls if c.comparator == "greedy"}
     assert all(c.ok for c in controls.values()), controls
     assert controls["choose the runner-up where the top-1 is decisive"].got == "fail 8/8"

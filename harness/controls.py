@@ -38,6 +38,7 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.records import Control, Outcome
+from harness.registry import Registry
 
 GOLDEN_CHECK = "golden:"
 """Prefix of the ``mutation`` of a golden check (a control that plants nothing)."""
@@ -88,13 +89,12 @@ class ControlSet:
     needs: Needs = field(default_factory=Needs)
 
 
-CONTROLS: dict[str, ControlSet] = {}
+CONTROLS: Registry[ControlSet] = Registry("control set")
 """Comparator key -> its controls. Filled by :func:`register` below and by other modules."""
 
 
 def register(cs: ControlSet) -> ControlSet:
-    CONTROLS[cs.key] = cs
-    return cs
+    return CONTROLS.register(cs.key)(cs)
 
 
 def vacuates(c: Control) -> bool:
@@ -122,7 +122,7 @@ def failed_positive(controls: Sequence[Control], comparators: Sequence[str]) -> 
 def run_controls(comparator: Any, cases: Sequence[Case], oracles: Mapping[str, Output]) -> list[Control]:
     """Every golden check and planted mutation registered for ``comparator.key``, over ``cases``."""
     key = str(comparator.key)
-    cs = CONTROLS.get(key)
+    cs = CONTROLS.find(key)
     if cs is None:
         return [Control(key, UNGUARDED, "fail", "unguarded", False,
                         f"register a ControlSet for {key!r} in harness.controls")]

@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, Output, Verdict
+from harness.api import Case, Comparator, Output, Verdict
 from harness.compare.aligned import align
-from harness.compare.drift import DEFAULT_EDGES, DriftProfile, drift_profile
-from harness.compare.from_suite import needs_scores
+from harness.compare.drift import DEFAULT_EDGES, Drift, DriftProfile, drift_profile
 from harness.compare.kl import KL, KLRows, KLStats, ModeWish, kl_rows, kl_stats
 
 FIGURES = {"kl_vs_position": "KL against position (drift)", "kld_histogram": "per-position KL histogram"}
@@ -111,15 +110,15 @@ class Distribution:
                               folder / f"{stem}.kld_histogram.png", full)]
 
 
-def wants_scores(comparators: Iterable[object]) -> bool:
+def wants_scores(comparators: Iterable[Comparator]) -> bool:
     """True when some comparator judges the candidate's scores of the oracle's sequences."""
-    return any(needs_scores(c) for c in comparators)
+    return any(c.needs_scores for c in comparators)
 
 
-def judge_run(comparators: Sequence[Any], cases: Sequence[Case], oracles: Mapping[str, Output],
+def judge_run(comparators: Sequence[Comparator], cases: Sequence[Case], oracles: Mapping[str, Output],
               scores: Mapping[str, Output], how: str, label: str = "candidate") -> Distribution | None:
     """Run-level verdicts and facts for the distribution comparators among ``comparators``."""
-    dist = [c for c in comparators if needs_scores(c)]
+    dist: list[Any] = [c for c in comparators if c.needs_scores]
     if not dist:
         return None
     present = [c for c in cases if c.id in oracles]
@@ -127,7 +126,8 @@ def judge_run(comparators: Sequence[Any], cases: Sequence[Case], oracles: Mappin
     o = [oracles[c.id] for c in present]
     s = [scores.get(c.id) or missing for c in present]
     verdicts = tuple(comp.compare_run(o, s, present) for comp in dist)
-    mode = next((c.mode for c in dist if isinstance(c, KL)), getattr(dist[0], "mode", "auto"))
-    edges = next((tuple(c.edges) for c in dist if hasattr(c, "edges")), DEFAULT_EDGES)
+    mode = next((c.mode for c in dist if isinstance(c, KL)),
+                next((c.mode for c in dist if isinstance(c, Drift)), "auto"))
+    edges = next((tuple(c.edges) for c in dist if isinstance(c, Drift)), DEFAULT_EDGES)
     arm = measure_arm(label, oracles, scores, present, mode, edges)
     return Distribution(verdicts, (arm,), how, edges)

@@ -17,10 +17,11 @@ from typing import Any
 
 from harness.engines.venvs import VenvError, check_version
 from harness.engines.vllm_release import VLLMReleaseRunner
-from harness.gate import load_or_record, run_gate
 from harness.models import resolve_model
+from harness.oracle import load_or_record, measure_speed
 from harness.pin import oracle_pin
-from harness.speed import Speed, measure_oracle
+from harness.pipeline import run_gate
+from harness.speed import Speed
 from harness.suites import find_suite
 from harness.workspace import Workspace
 
@@ -68,7 +69,7 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
         progress(f"timing the oracle (vLLM {pin}) at c{concurrency} once for the whole matrix")
         ws.runs.mkdir(parents=True, exist_ok=True)
         try:
-            oracle = measure_oracle(model, golden.cases, golden.sampling, concurrency, ws.runs)
+            oracle = measure_speed(model, golden.cases, golden.sampling, concurrency, ws.runs)
         except Exception as e:  # noqa: BLE001 - speed never blocks the correctness matrix
             oracle = f"oracle speed run failed: {type(e).__name__}: {e}"[:300]
     rows = []
@@ -82,11 +83,11 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
         else:
             speed_arg = oracle if oracle is not None else False
         res = run_gate(ws, model_name, suite_name, f"vllm@{v}", runner=runner, concurrency=concurrency,
-                       oracle_speed=speed_arg, auto_record=False)
-        if v == pin and runner.speed is not None:
-            oracle = runner.speed
+                       speed=speed_arg, auto_record=False)
+        if v == pin and runner.facts().speed is not None:
+            oracle = runner.facts().speed
         rec = res.record
-        venv = dict(rec.candidate.settings.get("venv", {}))
+        venv = dict(rec.candidate.environment.get("venv", {}))
         rows.append(MatrixRow(v, rec.outcome, rec.summary, res.path,
                               str(rec.extra.get("speed", {}).get("statement", "")), venv,
                               time.perf_counter() - t0))

@@ -18,6 +18,11 @@ class OraclePin:
     def spec(self) -> str:
         return f"{self.package}=={self.version}"
 
+    @property
+    def engine(self) -> str:
+        """The engine spec that runs the pin: the ``vllm`` engine of this project's venv."""
+        return "vllm"
+
 
 def oracle_pin(path: Path = PIN_FILE) -> OraclePin:
     for line in path.read_text().splitlines():

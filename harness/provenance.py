@@ -45,3 +45,8 @@ def platform_facts() -> dict[str, Any]:
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
     }
+
+
+def device_facts() -> dict[str, Any]:
+    """The fingerprint of the device this process computes on (filled in by harness.device)."""
+    return {}

@@ -46,7 +46,7 @@ def parity_workspace(request: pytest.FixtureRequest) -> Workspace:
 
 @pytest.fixture
 def parity_gate(request: pytest.FixtureRequest, parity_workspace: Workspace) -> Callable[..., Record]:
-    from harness.gate import run_gate
+    from harness.pipeline import run_gate
 
     auto = not request.config.getoption("--parity-no-record")
 

@@ -21,7 +21,14 @@ from typing import Any, Literal
 
 from harness.api import EngineInfo, Verdict
 
-SCHEMA = 1
+SCHEMA = 2
+"""2: ``EngineInfo.environment`` holds where and how an engine ran, apart from its settings; and
+record kinds are gate kind names. Schema-1 records are read as schema 2 (:func:`upgrade`)."""
+KIND_ALIASES = {"gate": "parity", "kv": "kv_roundtrip"}
+"""Record kinds written before gate kinds had the suite kinds' names."""
+RECORDED_ORACLE = "recorded_oracle_"
+"""Prefix of the timings copied from the goldens' manifest: the oracle's engine start and generate
+times *when the goldens were recorded*, not in this run."""
 
 Outcome = Literal["pass", "fail", "error", "refused", "skip", "vacuous"]
 """A gate's overall result. ``vacuous``: the comparators passed, but a planted mutation passed too,
@@ -54,7 +61,9 @@ class Record:
 
     id: str
     kind: str
-    """``gate`` (strict/near-tie), ``kv`` (byte-equal), ``ab`` (A/B), ... ."""
+    """The gate kind that made it (``parity``, ``kv_roundtrip``, ``ab``, ...; :mod:`harness.kinds`).
+    Records written before kinds existed say ``gate`` and ``kv``: read as ``parity`` and
+    ``kv_roundtrip``."""
     created: str
     model: Mapping[str, str]
     """name, digest."""
@@ -73,9 +82,15 @@ class Record:
     timings: Mapping[str, float] = field(default_factory=dict)
     controls: tuple[Control, ...] = ()
     platform: Mapping[str, Any] = field(default_factory=dict)
+    device: Mapping[str, Any] = field(default_factory=dict)
+    """The fingerprint and class of the device the harness ran on (:mod:`harness.device`)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Gate-specific facts (KL statistics, KV page counts, throughput ...)."""
     schema: int = SCHEMA
+
+    def __post_init__(self) -> None:
+        if self.kind in KIND_ALIASES:
+            object.__setattr__(self, "kind", KIND_ALIASES[self.kind])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,21 +100,44 @@ class Record:
             "outcome": self.outcome, "summary": self.summary, "gates": list(self.gates),
             "verdicts": [v.to_json() for v in self.verdicts],
             "controls": [c.to_json() for c in self.controls],
-            "timings": dict(self.timings), "platform": dict(self.platform), "extra": dict(self.extra),
+            "timings": dict(self.timings), "platform": dict(self.platform), "device": dict(self.device),
+            "extra": dict(self.extra),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Record:
+        d = upgrade(d)
         return cls(
-            id=d["id"], kind=d["kind"], created=d["created"], model=d["model"], suite=d["suite"],
+            id=d["id"], kind=d["kind"], created=d["created"],
+            model=d["model"], suite=d["suite"],
             oracle=d["oracle"], candidate=EngineInfo.from_json(d["candidate"]),
             harness=d["harness"], outcome=d["outcome"], summary=d["summary"],
             verdicts=tuple(Verdict.from_json(v) for v in d["verdicts"]),
             gates=tuple(d.get("gates", ())),
             timings=d.get("timings", {}),
             controls=tuple(Control(**c) for c in d.get("controls", ())),
-            platform=d.get("platform", {}), extra=d.get("extra", {}), schema=d.get("schema", SCHEMA),
+            platform=d.get("platform", {}), device=d.get("device", {}), extra=d.get("extra", {}),
+            schema=d.get("schema", SCHEMA),
         )
+
+
+ENVIRONMENT_KEYS_V1 = frozenset({
+    "base_url", "api_key_env", "api_key_set", "timeout_s", "request_timeout_s", "retries", "breaker",
+    "system_fingerprint", "protocol", "server_args", "venv", "returncode", "problems"})
+"""Keys schema-1 records kept among a candidate's settings that describe where and how it ran
+(loopback URLs, timeouts, venv install facts), none of which can change an output."""
+
+
+def upgrade(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A record as the current schema reads it (the file itself is never rewritten)."""
+    d = dict(d)
+    if d.get("schema", 1) < 2 and isinstance(d.get("candidate"), Mapping):
+        cand = dict(d["candidate"])
+        settings = dict(cand.get("settings") or {})
+        env = {k: settings.pop(k) for k in sorted(ENVIRONMENT_KEYS_V1 & set(settings))}
+        cand.update(settings=settings, environment={**env, **dict(cand.get("environment") or {})})
+        d["candidate"] = cand
+    return d
 
 
 def outcome_of(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
@@ -148,3 +186,74 @@ def load_record(path: Path) -> Record:
 
 def iter_record_paths(records_root: Path) -> Iterator[Path]:
     yield from sorted(p for p in records_root.rglob("*.json") if not p.name.startswith("."))
+
+
+# ---------------------------------------------------------------------------------------------
+# records as a dataset
+
+
+def commit_order(repo: Path) -> dict[str, int]:
+    """SHA -> its position in HEAD's history, oldest first (``git rev-list --topo-order``). A SHA
+    that is not in the history here (an unmerged branch, a shallow clone) is absent."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(repo), "rev-list", "--topo-order", "--reverse", "HEAD"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {sha: i for i, sha in enumerate(out.stdout.split())} if out.returncode == 0 else {}
+
+
+def _numbers(prefix: str, d: Mapping[str, Any], out: dict[str, float], depth: int = 0) -> None:
+    """Flatten the scalar numbers of a JSON mapping into ``prefix.key[.key...]`` columns."""
+    for k, v in d.items():
+        key = f"{prefix}.{k}"
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int | float):
+            out[key] = float(v)
+        elif isinstance(v, Mapping) and depth < 2:
+            _numbers(key, v, out, depth + 1)
+
+
+def frame(records_root: Path, repo: Path | None = None, paths: Iterator[Path] | None = None) -> Any:
+    """Every record as a pandas DataFrame: one row per verdict.
+
+    Columns: ``record``, ``path``, ``created``, ``kind``, ``model``, ``suite``, ``suite_version``,
+    ``candidate``, ``engine``, ``engine_version``, ``device_class``, ``sha``, ``dirty``,
+    ``commit_order`` (position of ``sha`` in HEAD's history, NaN when it is not in it),
+    ``outcome``, ``case``, ``comparator``, ``status``, ``gated``, and the figures: every scalar
+    number of the verdict's evidence as ``<comparator>.<key>`` (``kl.mean``, ``kl.p99``,
+    ``drift.slope_per_1k``, ``near_tie.gap_mnats`` ...) and the record's speed ratios
+    (``speed.output_tok_s``, ``speed.ttft_p50``). Unreadable records are skipped.
+    """
+    import pandas as pd
+
+    order = commit_order(repo) if repo is not None else {}
+    rows = []
+    for p in paths if paths is not None else iter_record_paths(records_root):
+        try:
+            rec = load_record(p)
+        except RecordError:
+            continue
+        sha = str(rec.harness.get("sha") or "")
+        ratio = (rec.extra.get("speed") or {}).get("ratio") or {}
+        base = {"record": rec.id, "path": str(p), "created": rec.created, "kind": rec.kind,
+                "model": rec.model.get("name"), "suite": rec.suite.get("name"),
+                "suite_version": rec.suite.get("version"), "candidate": rec.candidate.name,
+                "engine": rec.candidate.engine, "engine_version": rec.candidate.version,
+                "device_class": rec.candidate.environment.get("device_class") or rec.device.get("class"),
+                "sha": sha, "dirty": bool(rec.harness.get("dirty")), "commit_order": order.get(sha),
+                "outcome": rec.outcome}
+        speed = {f"speed.{k}": float(v) for k, v in ratio.items() if isinstance(v, int | float)}
+        for v in rec.verdicts:
+            figures: dict[str, float] = {}
+            _numbers(v.comparator, v.evidence, figures)
+            rows.append({**base, "case": v.case_id, "comparator": v.comparator, "status": v.status,
+                         "gated": v.comparator in rec.gates, **figures, **speed})
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        df["created"] = pd.to_datetime(df["created"], utc=True)
+        df["commit_order"] = pd.to_numeric(df["commit_order"], errors="coerce")
+    return df

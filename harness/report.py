@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from harness.controls import vacuates
-from harness.records import Record
+from harness.records import RECORDED_ORACLE, Record
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "red", "refused": "yellow", "skip": "dim",
          "vacuous": "bold magenta"}
@@ -50,12 +50,40 @@ def print_distribution(rec: Record, path: str, con: Console) -> None:
         con.print(Text(f"figure {key}: {folder / name if folder else name}", style="cyan"))
 
 
+def ab_lines(rec: Record) -> list[str]:
+    """The A/B facts of a record, for the console."""
+    f = rec.extra.get("ab")
+    if not isinstance(f, dict):
+        return []
+    out = [f"A: {f['a']['spec']}   B: {f['b']['spec']}"]
+    for role in ("a", "b"):
+        tps, cap = f[role].get("tokens_per_s"), f[role].get("capacity") or {}
+        what = (f"{cap['tokens']} tokens ({cap['blocks']} blocks x {cap['block_size']})" if "tokens" in cap
+                else f"{cap['bytes_per_token']:.1f} KV bytes/token at {cap['at_cached_tokens']} tokens"
+                if "bytes_per_token" in cap else "not reported")
+        out.append(f"  {role.upper()}: {tps:.1f} output tokens/s, KV capacity {what}" if tps else
+                   f"  {role.upper()}: KV capacity {what}")
+    if "agreement" in f:
+        g = f["agreement"]
+        out.append(f"  agreement: {g['strict']}/{g['cases']} strict, {g['near_tie']}/{g['cases']} near-tie, "
+                   f"{g['tokens_matched']}/{g['tokens']} tokens before the first divergence")
+    if f.get("throughput_ratio_b_over_a") is not None:
+        out.append(f"  throughput B/A: {f['throughput_ratio_b_over_a']:.3f}  (generation only; a shared "
+                   "machine makes this noisy)")
+    if f.get("kv_capacity_ratio_b_over_a") is not None:
+        out.append(f"  KV capacity B/A: {f['kv_capacity_ratio_b_over_a']:.3f}")
+    for key in ("refused", "error"):
+        if key in f:
+            out.append(f"  arm {f[key]['arm']} {key.upper()}: {f[key]['reason']}")
+    if "accuracy" in f:
+        p = f["accuracy"]
+        out.append(f"  accuracy test (n {p['n']}, σ {p['sigma']}, α {p['alpha']}, β {p['beta']}): threshold "
+                   f"{p['threshold']:.3g}, minimum detectable effect {p['mde']:.3g}")
+    return out
+
+
 def print_ab(rec: Record, con: Console) -> None:
     """An A/B record's arms, agreement, throughput and KV capacity ratios."""
-    if rec.kind != "ab":
-        return
-    from harness.ab import ab_lines
-
     for line in ab_lines(rec):
         con.print(Text(line))
 
@@ -79,8 +107,15 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
                        Text("ok" if c.ok else "VACUOUS" if vacuates(c) else "positive control failed",
                             style="green" if c.ok else "bold magenta"))
         con.print(ct)
-    timing = ", ".join(f"{k} {v:.2f}" for k, v in sorted(rec.timings.items()) if k.endswith("_s"))
-    con.print(f"[dim]timings (s): {timing}[/dim]")
+    now = {k: v for k, v in rec.timings.items() if k.endswith("_s") and not k.startswith(RECORDED_ORACLE)}
+    then = {k[len(RECORDED_ORACLE):]: v for k, v in rec.timings.items()
+            if k.endswith("_s") and k.startswith(RECORDED_ORACLE)}
+    con.print(f"[dim]timings of this run (s): "
+              f"{', '.join(f'{k} {v:.2f}' for k, v in sorted(now.items()))}[/dim]")
+    if then:
+        when = str(rec.oracle.get("golden_created") or "")[:10]
+        con.print(f"[dim]oracle when the goldens were recorded{f' ({when})' if when else ''}, not in this "
+                  f"run (s): {', '.join(f'{k} {v:.2f}' for k, v in sorted(then.items()))}[/dim]")
     speed = rec.extra.get("speed")
     if isinstance(speed, dict) and speed.get("statement"):
         con.print(Text(f"speed: {speed['statement']}"), highlight=False)

@@ -12,9 +12,12 @@ TTFT is per request, from sending it to its first generated token.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.api import RunFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,52 +104,40 @@ def speed_report(candidate: Speed | None, oracle: Speed | None, oracle_missing: 
     return out
 
 
-
-def candidate_speed(runner: Any, requests: int, concurrency: int | None) -> Speed | None:
-    """The runner's own :class:`Speed`, or one built from its ``timings`` (no TTFT then)."""
-    speed = getattr(runner, "speed", None)
-    if isinstance(speed, Speed):
-        return speed
-    timings = getattr(runner, "timings", {}) or {}
+def candidate_speed(facts: RunFacts, requests: int, concurrency: int | None) -> Speed | None:
+    """The engine's own :class:`Speed`, or one built from its ``timings`` (no TTFT then)."""
+    if facts.speed is not None:
+        return facts.speed
     # Without a concurrency of its own a runner batches everything (vLLM) or goes one by one.
-    batched = getattr(runner, "concurrency", "absent") is None
-    c = concurrency or (requests if batched else 1)
-    return Speed.from_timings(timings, c, requests, "batch" if batched else "sequential")
+    c = concurrency or (requests if facts.batched else 1)
+    return Speed.from_timings(facts.timings, c, requests, "batch" if facts.batched else "sequential")
 
 
-def measure_oracle(model: Any, cases: Any, sampling: Any, concurrency: int, run_dir: Any) -> Speed:
-    """Replay ``cases`` on the pinned vLLM at ``concurrency`` (one engine start) and time it."""
-    from harness.engines.vllm import VLLMRunner
-
-    runner = VLLMRunner(model, {}, name="oracle-speed", run_dir=run_dir, concurrency=concurrency)
-    outs = runner.run(cases, sampling)
-    if runner.speed is None:
-        raise RuntimeError("the oracle's worker reported no timings")
-    failed = [o.case_id for o in outs if o.error]
-    if failed:
-        raise RuntimeError(f"the oracle failed on {', '.join(failed)}")
-    return runner.speed
+OracleSpeed = Callable[[int], Speed]
+"""Measures the oracle on the same workload at a concurrency (one engine start)."""
 
 
-def speed_extra(runner: Any, cases: Any, sampling: Any, model: Any, run_dir: Any,
-                concurrency: int | None, oracle: bool | Speed | str, candidate_ran: bool) -> dict[str, Any]:
+def speed_extra(facts: RunFacts | None, requests: int, concurrency: int | None,
+                oracle: Speed | str | OracleSpeed | None) -> dict[str, Any]:
     """The record's ``speed`` entry: the candidate's, the oracle's, and their ratio.
 
-    ``oracle``: True measures it now, after the candidate has stopped (they never share the CPU);
-    a :class:`Speed` was measured earlier in the same run; a string says why there is none.
+    ``facts``: the candidate's (None: it did not run). ``oracle``: a :class:`Speed` measured earlier
+    in the same run (``make matrix``), a function that measures it now (after the candidate has
+    stopped, so the two never share the CPU), a string saying why there is none, or None (not
+    asked: ``make gate SPEED=1`` asks).
     """
-    cand = candidate_speed(runner, len(cases), concurrency) if candidate_ran else None
+    cand = candidate_speed(facts, requests, concurrency) if facts is not None else None
     if cand is None:
         return {"speed": speed_report(None, None)}
     if isinstance(oracle, Speed):
         return {"speed": speed_report(cand, oracle)}
     if isinstance(oracle, str):
         return {"speed": speed_report(cand, None, oracle)}
-    if not oracle:
-        return {"speed": speed_report(cand, None, "oracle speed not requested (harness gate "
-                                                  "--oracle-speed, on by default in the CLI)")}
+    if oracle is None:
+        return {"speed": speed_report(cand, None, "oracle speed not measured (make gate SPEED=1, "
+                                                  "harness gate --speed)")}
     try:
-        measured = measure_oracle(model, cases, sampling, cand.concurrency, run_dir)
+        measured = oracle(cand.concurrency)
     except Exception as e:  # noqa: BLE001 - a speed measurement never fails a correctness gate
         return {"speed": speed_report(cand, None, f"oracle speed run failed: {type(e).__name__}: {e}"[:300])}
     return {"speed": speed_report(cand, measured)}

@@ -1,22 +1,25 @@
 """Is a record still true? Computed against the tree as it is now, never assumed.
 
-A record is **stale** when any of these holds (each gives one line of why):
+Every record is stale when one of these holds (each gives one line of why):
 
 * **candidate SHA**: the candidate engine's own commit (``EngineInfo.sha``) is not an ancestor of
   its repository's current HEAD (``git merge-base --is-ancestor``): it ran on a branch that was
   never merged, or on history that was rewritten. A candidate SHA whose repository the catalog does
   not name cannot be checked, and an unchecked result is not shown as current.
-* **harness SHA**: for every record, the harness commit it ran on must be an ancestor of this
-  repository's HEAD, and the tree must have been clean. The harness is half of every result (its
-  runners drive hf/vllm, its comparators judge), so a record made on an unmerged branch or on
-  uncommitted changes describes code that is not in the history. Later commits on the same history
-  do *not* make a record stale: that is the candidate SHA's job and re-running gates in CI.
-* **oracle pin**: the record's goldens came from another oracle release than
-  ``requirements/oracle.txt`` pins now ("goldens predate the pin").
-* **suite version** differs from ``suites/<suite>.toml``, or the **golden checksums** differ from the
-  committed ``goldens/<model>/<suite>/manifest.json`` (re-recorded or deleted since).
-* **model digest** differs from the committed model's content digest (or, for models that are not
-  committed, from the committed goldens' digest).
+* **harness SHA**: the harness commit it ran on must be an ancestor of this repository's HEAD, and
+  the tree must have been clean. The harness is half of every result (its runners drive hf/vllm,
+  its comparators judge), so a record made on an unmerged branch or on uncommitted changes describes
+  code that is not in the history. Later commits on the same history do *not* make a record stale:
+  that is the candidate SHA's job and re-running gates in CI.
+
+and then by the rules of its gate kind (:data:`KIND_RULES`):
+
+* kinds judged against **goldens** (``parity``, ``kv_roundtrip``): the record's goldens came from
+  another oracle release than ``requirements/oracle.txt`` pins now ("goldens predate the pin"); the
+  suite version differs from ``suites/<suite>.toml``; the golden checksums differ from the committed
+  ``goldens/<model>/<suite>/manifest.json`` (re-recorded or deleted since); the model digest changed.
+* the **A/B** kind has no goldens: the suite version and the model digest must still hold, and an
+  arm that ran the pinned vLLM must have run the release pinned now.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import json
 import re
 import subprocess
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,8 @@ class Current:
         return self._memo(("golden", model, suite), read)
 
     def model_digest(self, model: str, suite: str) -> str | None:
+        """The committed model's content digest; for a model that is built, not committed, the
+        digest its committed goldens were recorded for (this suite's, else any suite's)."""
         def compute() -> str | None:
             from harness.models import content_digest
 
@@ -114,6 +119,10 @@ class Current:
             if (folder / "config.json").exists():
                 return content_digest(folder)
             m = self.golden_manifest(model, suite)
+            if m is None:
+                folder = self.ws.goldens / model.strip("/").replace("/", "--")
+                found = sorted(folder.glob("*/manifest.json"))
+                m = self.golden_manifest(model, found[0].parent.name) if found else None
             return (m or {}).get("model", {}).get("digest")
         return self._memo(("model", model, suite), compute)
 
@@ -167,8 +176,29 @@ def candidate_reasons(rec: Record, cur: Current) -> list[str]:
     return [f"candidate {anc}"]
 
 
+def suite_reasons(rec: Record, cur: Current) -> list[str]:
+    suite = str(rec.suite.get("name"))
+    now = cur.suite_version(suite)
+    if now is None:
+        return [f"suite {suite} no longer exists (or has no version)"]
+    if now != rec.suite.get("version"):
+        return [f"suite {suite} is v{now}, recorded at v{rec.suite.get('version')}"]
+    return []
+
+
+def model_reasons(rec: Record, cur: Current) -> list[str]:
+    model = str(rec.model.get("name"))
+    digest = cur.model_digest(model, str(rec.suite.get("name")))
+    if digest is None:
+        return [f"model {model} digest cannot be checked (not committed, no goldens)"]
+    if digest != rec.model.get("digest"):
+        return [f"model {model} changed: recorded {_short(rec.model.get('digest'))}, now {_short(digest)}"]
+    return []
+
+
 def oracle_reasons(rec: Record, cur: Current) -> list[str]:
-    """The oracle-side reasons: pin, suite version, golden checksums, model digest."""
+    """The oracle-side reasons of a record judged against goldens: pin, suite version, golden
+    checksums, model digest."""
     why = []
     model, suite = str(rec.model.get("name")), str(rec.suite.get("name"))
     pin = rec.oracle.get("pin")
@@ -176,11 +206,7 @@ def oracle_reasons(rec: Record, cur: Current) -> list[str]:
         why.append(f"no oracle pin in {PIN_FILE}")
     elif pin != cur.pin:
         why.append(f"goldens predate the pin: recorded with {pin}, the pin is now {cur.pin}")
-    now = cur.suite_version(suite)
-    if now is None:
-        why.append(f"suite {suite} no longer exists (or has no version)")
-    elif now != rec.suite.get("version"):
-        why.append(f"suite {suite} is v{now}, recorded at v{rec.suite.get('version')}")
+    why += suite_reasons(rec, cur)
     manifest = cur.golden_manifest(model, suite)
     if manifest is None:
         why.append(f"no committed goldens for {model}/{suite}")
@@ -189,15 +215,39 @@ def oracle_reasons(rec: Record, cur: Current) -> list[str]:
         if then != files:
             moved = sorted(k for k in set(then) | set(files) if then.get(k) != files.get(k))
             why.append(f"goldens re-recorded since ({', '.join(moved)} changed)")
-    digest = cur.model_digest(model, suite)
-    if digest is None:
-        why.append(f"model {model} digest cannot be checked (not committed, no goldens)")
-    elif digest != rec.model.get("digest"):
-        why.append(f"model {model} changed: recorded {_short(rec.model.get('digest'))}, "
-                   f"now {_short(digest)}")
+    return why + model_reasons(rec, cur)
+
+
+def _runs_the_pin(spec: str) -> bool:
+    """Whether an engine spec runs the pinned vLLM (``vllm``, ``vllm-server``; not ``vllm@x``)."""
+    return spec.partition(":")[0] in ("vllm", "vllm-server")
+
+
+def reference_reasons(rec: Record, cur: Current) -> list[str]:
+    """An A/B record: suite version, model digest, and every arm that ran the pinned vLLM ran the
+    release pinned now."""
+    why = suite_reasons(rec, cur) + model_reasons(rec, cur)
+    pinned = (cur.pin or "").partition("==")[2]
+    arms = (("A", str(rec.oracle.get("spec", "")), rec.oracle.get("version")),
+            ("B", rec.candidate.name, rec.candidate.version))
+    for role, spec, version in arms:
+        if pinned and _runs_the_pin(spec) and version != pinned:
+            why.append(f"arm {role} ({spec}) ran vLLM {version}, the pin is now {cur.pin}")
     return why
+
+
+Rule = Callable[[Record, Current], list[str]]
+
+KIND_RULES: Mapping[str, Rule] = {
+    "parity": oracle_reasons,
+    "kv_roundtrip": oracle_reasons,
+    "ab": reference_reasons,
+}
+"""Record kind -> its own staleness rule (after the candidate and harness rules every record has)."""
 
 
 def staleness(rec: Record, cur: Current) -> list[str]:
     """Why ``rec`` no longer describes the tree (empty: it still does)."""
-    return candidate_reasons(rec, cur) + harness_reasons(rec, cur) + oracle_reasons(rec, cur)
+    rule = KIND_RULES.get(rec.kind)
+    kind = rule(rec, cur) if rule is not None else [f"record kind {rec.kind!r} has no staleness rule"]
+    return candidate_reasons(rec, cur) + harness_reasons(rec, cur) + kind

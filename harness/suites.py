@@ -43,6 +43,9 @@ class ComparatorSpec:
 class Suite:
     name: str
     version: int
+    kind: str
+    """The gate kind that runs it (``parity``, ``kv_roundtrip``, ``ab``, ...): see
+    :mod:`harness.kinds`. Checked against the registry when a gate starts."""
     description: str
     sampling: Sampling
     comparators: tuple[ComparatorSpec, ...]
@@ -51,7 +54,8 @@ class Suite:
     digest: str
     """sha256 of the suite file: goldens remember it."""
     extra: Mapping[str, Any] = field(default_factory=dict)
-    """Other top-level tables (e.g. ``kv``, ``kl``) for the gates that read them."""
+    """Other top-level tables (e.g. ``kv``, ``accuracy``) for the gate kind that reads them; a
+    table its kind does not read is refused when the gate starts."""
 
     def comparator(self, name: str) -> ComparatorSpec | None:
         return next((c for c in self.comparators if c.name == name), None)
@@ -107,7 +111,7 @@ def load_suite(path: Path) -> Suite:
     if sampling.max_tokens < 1 or sampling.logprobs < 0:
         raise SuiteError(f"{where} [sampling]: max_tokens must be >= 1 and logprobs >= 0")
 
-    from harness.compare import COMPARATORS
+    from harness.compare import COMPARATORS, ParamError, check_params
 
     comps = []
     for cname, params in _need(raw, "compare", dict, where).items():
@@ -118,6 +122,10 @@ def load_suite(path: Path) -> Suite:
         gate = params.get("gate", True)
         if not isinstance(gate, bool):
             raise SuiteError(f"{where} [compare.{cname}]: field 'gate' must be true or false")
+        try:
+            check_params(cname, params, where)
+        except ParamError as e:
+            raise SuiteError(str(e)) from None
         comps.append(ComparatorSpec(cname, gate, {k: v for k, v in params.items() if k != "gate"}))
     if not comps:
         raise SuiteError(f"{where}: [compare] names no comparator")
@@ -145,9 +153,12 @@ def load_suite(path: Path) -> Suite:
                               tuple(c.get("tags", ()))))
     if not cases:
         raise SuiteError(f"{where}: no cases")
-    known = {"name", "version", "description", "sampling", "compare", "cases"}
+    kind = raw.get("kind", "parity")
+    if not isinstance(kind, str) or not kind:
+        raise SuiteError(f"{where}: field 'kind' must be a gate kind name, got {kind!r}")
+    known = {"name", "version", "kind", "description", "sampling", "compare", "cases"}
     return Suite(
-        name=name, version=version, description=str(raw.get("description", "")),
+        name=name, version=version, kind=kind, description=str(raw.get("description", "")),
         sampling=sampling, comparators=tuple(comps), cases=tuple(cases), path=path,
         digest=hashlib.sha256(raw_bytes).hexdigest(),
         extra={k: v for k, v in raw.items() if k not in known},

@@ -4,8 +4,8 @@ Once greedy outputs diverge, the two engines continue from different prefixes an
 the divergence can be compared. A distribution comparator (KL, NMSE, drift) therefore asks the
 candidate for its next-token distribution at every position of *prompt + oracle continuation*.
 
-A runner that can do this implements :class:`Scorer`; the others are judged until their first
-divergence (their own outputs stand in for the scores) and every report says so.
+A runner that can do this implements :class:`harness.api.Scorer`; the others are judged until
+their first divergence (their own outputs stand in for the scores) and every report says so.
 
 Scores must go through the path the candidate decodes with. vLLM scores with ``prompt_logprobs``
 (one prefill pass); transformers with a plain cache scores with one forward pass, and with a
@@ -17,28 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal
 
-from harness.api import Case, Output, Runner, Sampling
+from harness.api import Case, Output, Runner, Sampling, Scorer
 
 How = Literal["teacher-forced", "until-first-divergence"]
-
-
-@runtime_checkable
-class Scorer(Protocol):
-    """A runner that can also score given sequences (teacher forcing), in the same engine start."""
-
-    def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
-                      continuations: Mapping[str, Sequence[int]] | None, k: int
-                      ) -> tuple[list[Output], list[Output]]:
-        """Generate every case as :meth:`Runner.run` does, then score ``prompt + continuations[id]``
-        (``continuations`` None: score its own generations, the control of an A/B arm).
-
-        A score is an :class:`Output` whose ``token_ids`` are the continuation and whose rows are
-        the engine's top-``k`` logprobs (all of them when ``k`` is the vocabulary size) before each
-        of its tokens; ``chosen_logprobs`` are the logprobs of the continuation's tokens.
-        """
-        ...
 
 
 @dataclass(frozen=True, slots=True, eq=False)

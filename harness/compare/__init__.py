@@ -1,46 +1,143 @@
-"""Comparators: each judges one case and returns a Verdict. ``build`` makes them from a suite."""
+"""Comparators: each judges one case and returns a Verdict. One registry, one parameter schema.
+
+Every comparator is registered in :data:`COMPARATORS` with the parameters its ``[compare.<name>]``
+suite table may hold. A suite is checked against that schema when it loads
+(:func:`check_params`): an unknown key is an error naming the file, the table and the key, with
+the closest valid keys ("did you mean"), so a typo such as ``threshold_nat`` can never silently
+gate at the default.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from harness.api import Comparator
-from harness.compare.from_suite import drift, kl, nmse
+from harness.compare.drift import DEFAULT_EDGES, Drift
+from harness.compare.kl import KL
 from harness.compare.near_tie import NearTie
+from harness.compare.nmse import DEFAULT_MAX_NMSE, NMSE
 from harness.compare.strict import Strict
-from harness.registry import unknown
+from harness.registry import Registry, unknown
 
 Decode = Callable[[Sequence[int]], str]
 Factory = Callable[[Mapping[str, Any], "Decode | None"], Comparator]
 
-COMPARATORS: dict[str, Factory] = {
-    "strict": lambda p, d: Strict(decode=d),
-    "near_tie": lambda p, d: NearTie(threshold_nats=float(p.get("threshold_nats", 0.5)), decode=d),
-    "kl": kl,
-    "drift": drift,
-    "nmse": nmse,
-}
+
+class ParamError(ValueError):
+    """A comparator parameter is unknown or has the wrong type; the message names the key."""
 
 
-def _kv(name: str) -> Factory:
-    """KV comparators judge pages, not Outputs; imported on use (they pull in torch)."""
-    def make(p: Mapping[str, Any], d: Decode | None) -> Comparator:
-        if name == "byte_equal":
-            from harness.compare.byte_equal import ByteEqual
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One key of a ``[compare.<name>]`` table."""
 
-            return ByteEqual()
-        from harness.compare.kv_hits import KVHits
+    kind: str
+    """``number``, ``int``, ``edges`` (a list of ints >= 0) or ``choice``."""
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
 
-        return KVHits()
-    return make
+    def check(self, value: Any, where: str) -> None:
+        ok = {
+            "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+            "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "edges": lambda v: isinstance(v, list | tuple) and bool(v)
+            and all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in v),
+            "choice": lambda v: v in self.choices,
+        }[self.kind](value)
+        if not ok:
+            want = {"number": "a number", "int": "an int >= 0", "edges": "a list of ints >= 0",
+                    "choice": "one of " + ", ".join(repr(c) for c in self.choices)}[self.kind]
+            raise ParamError(f"{where}: must be {want}, got {value!r}")
 
 
-COMPARATORS.update({"byte_equal": _kv("byte_equal"), "kv_hits": _kv("kv_hits")})
+COMPARATORS: Registry[Factory] = Registry("comparator")
+"""Comparator name -> factory(params, decode); ``meta`` is its ``{key: Param}`` schema."""
+
+MODES = ("auto", "full", "topk")
+_MODE = Param("choice", "auto", "capture mode: exact full-vocab, top-k+rest lower bound, or auto",
+              MODES)
+
+
+def _opt(p: Mapping[str, Any], key: str) -> float | None:
+    return None if p.get(key) is None else float(p[key])
+
+
+@COMPARATORS.register("strict", help="token for token identical", meta={})
+def _strict(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    return Strict(decode=decode)
+
+
+@COMPARATORS.register("near_tie", help="a divergence only where the oracle was nearly undecided", meta={
+    "threshold_nats": Param("number", 0.5, "the largest forgiven gap, oracle token minus candidate "
+                                           "token (nats)")})
+def _near_tie(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    return NearTie(threshold_nats=float(p.get("threshold_nats", 0.5)), decode=decode)
+
+
+@COMPARATORS.register("kl", help="KL(oracle || candidate) per position, teacher-forced", meta={
+    "max_mean": Param("number", 1e-3, "bar on the mean KLD (nats)"),
+    "max_p99": Param("number", None, "bar on the p99 KLD"),
+    "max_max": Param("number", None, "bar on the largest KLD"),
+    "min_same_top": Param("number", None, "bar on the share of positions whose top token agrees"),
+    "mode": _MODE})
+def _kl(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    return KL(max_mean=float(p.get("max_mean", 1e-3)), max_p99=_opt(p, "max_p99"),
+              max_max=_opt(p, "max_max"), min_same_top=_opt(p, "min_same_top"),
+              mode=p.get("mode", "auto"), decode=decode)
+
+
+@COMPARATORS.register("drift", help="growth of KL with position (slope per 1000 tokens)", meta={
+    "max_slope_per_1k": Param("number", 1e-3, "bar on the KL slope (nats per 1000 positions)"),
+    "max_growth": Param("number", None, "bar on last-bucket / first-bucket mean KL"),
+    "buckets": Param("edges", list(DEFAULT_EDGES), "position bucket edges"),
+    "min_positions": Param("int", 64, "fewer aligned positions: not judged"),
+    "mode": _MODE})
+def _drift(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    return Drift(max_slope_per_1k=float(p.get("max_slope_per_1k", 1e-3)),
+                 max_growth=_opt(p, "max_growth"), edges=tuple(p.get("buckets", DEFAULT_EDGES)),
+                 min_positions=int(p.get("min_positions", 64)), mode=p.get("mode", "auto"),
+                 decode=decode)
+
+
+@COMPARATORS.register("nmse", help="normalised squared error of full-vocab logprob vectors", meta={
+    "max_nmse": Param("number", DEFAULT_MAX_NMSE, "bar (the cross-device bar of a C++ vLLM port)")})
+def _nmse(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    return NMSE(max_nmse=float(p.get("max_nmse", DEFAULT_MAX_NMSE)), decode=decode)
+
+
+# KV comparators judge pages, not Outputs; their modules are imported on use (they pull in torch).
+@COMPARATORS.register("byte_equal", help="every restored KV page byte-equal to what was written", meta={})
+def _byte_equal(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    from harness.compare.byte_equal import ByteEqual
+
+    return ByteEqual()
+
+
+@COMPARATORS.register("kv_hits", help="the connector serves the expected prefix and the engine uses it",
+                      meta={})
+def _kv_hits(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    from harness.compare.kv_hits import KVHits
+
+    return KVHits()
+
+
+def check_params(name: str, params: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`ParamError` (naming ``where``, the table and the key) for an unknown key or a
+    value of the wrong type. ``gate`` is the pipeline's, not the comparator's."""
+    schema: Mapping[str, Param] = COMPARATORS.entry(name).meta or {}
+    for key, value in params.items():
+        if key == "gate":
+            continue
+        if key not in schema:
+            raise ParamError(f"{where} [compare.{name}]: "
+                             + str(unknown("key", key, schema or ["(no parameters)"])))
+        schema[key].check(value, f"{where} [compare.{name}] {key}")
 
 
 def build(name: str, params: Mapping[str, Any], decode: Decode | None = None) -> Comparator:
-    """The comparator registered as ``name``, configured from its suite table ``params``."""
-    if name not in COMPARATORS:
-        raise unknown("comparator", name, COMPARATORS)
-    return COMPARATORS[name](params, decode)
+    """The comparator registered as ``name``, configured from its (checked) suite table ``params``."""
+    check_params(name, params, f"[compare.{name}]")
+    return COMPARATORS.get(name)(params, decode)

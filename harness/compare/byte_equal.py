@@ -145,6 +145,7 @@ def judge_pages(expected: Sequence[PageRef], written: Mapping[tuple[str, str, in
 @dataclass(frozen=True, slots=True)
 class ByteEqual:
     key = "byte_equal"
+    needs_scores = False
     suite: str = ""
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:

@@ -41,6 +41,7 @@ def restored_cover(ev: CaseEvidence) -> int:
 @dataclass(frozen=True, slots=True)
 class KVHits:
     key = "kv_hits"
+    needs_scores = False
     suite: str = ""
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:

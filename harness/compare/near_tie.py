@@ -20,6 +20,7 @@ from harness.compare.strict import first_divergence
 @dataclass(frozen=True, slots=True)
 class NearTie:
     key = "near_tie"
+    needs_scores = False
     threshold_nats: float = 0.5
     decode: Callable[[Sequence[int]], str] | None = None
 

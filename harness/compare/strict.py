@@ -20,6 +20,7 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 @dataclass(frozen=True, slots=True)
 class Strict:
     key = "strict"
+    needs_scores = False
     decode: Callable[[Sequence[int]], str] | None = None
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:

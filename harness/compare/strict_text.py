@@ -23,6 +23,7 @@ def first_text_divergence(a: str, b: str) -> int | None:
 @dataclass(frozen=True, slots=True)
 class StrictText:
     key = "strict"
+    needs_scores = False
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
         if (err := engine_error(self.key, oracle, candidate, case)) is not None:

@@ -36,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
+from harness.engines.base import ENGINES, RunnerContext
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.models import ModelRef
 from harness.speed import Speed
@@ -137,9 +138,11 @@ class CmdRunner:
         self.log_path: Path | None = None
 
     def info(self) -> EngineInfo:
-        return EngineInfo(self.name, "cmd", "unknown", settings={
-            "command": self.command, "timeout_s": self.timeout_s, "returncode": self.returncode,
-            "problems": list(self.problems[:20])})
+        return EngineInfo(self.name, "cmd", "unknown", settings={"command": self.command}, environment={
+            "timeout_s": self.timeout_s, "returncode": self.returncode, "problems": list(self.problems[:20])})
+
+    def facts(self) -> RunFacts:
+        return RunFacts(timings=dict(self.timings), speed=self.speed, capabilities=self.capabilities)
 
     def start(self) -> None:
         """The command starts in ``run``: it gets the whole workload at once."""
@@ -250,3 +253,9 @@ class CmdRunner:
     def close(self) -> None:
         """The command has exited (or was killed) by the time ``run`` returns."""
 
+
+
+@ENGINES.register("cmd", help="a program reading workload JSONL, writing one JSON line per case "
+                              "(cmd:'./engine {model}')")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> CmdRunner:
+    return CmdRunner(arg or "", model, name=ctx.name or spec, run_dir=ctx.run_dir)

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.hf_decode import (
     KV_CHOICES,
     decode,
@@ -170,5 +171,20 @@ class HFRunner:
             top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32),
             chosen.cpu().numpy().astype(np.float32), finish)
 
+    def facts(self) -> RunFacts:
+        cap: dict[str, Any] = {}
+        if self.kv_facts.get("kv_bytes_per_token"):
+            cap = {"bytes_per_token": float(self.kv_facts["kv_bytes_per_token"]),
+                   "at_cached_tokens": int(self.kv_facts["cached_tokens"]),
+                   "kv_bytes": int(self.kv_facts["kv_bytes"]),
+                   "source": "bytes held by the transformers cache tensors (quantized data, scales, "
+                             "full-precision residual) after the longest case"}
+        return RunFacts(timings=dict(self.timings), kv_capacity=cap)
+
     def close(self) -> None:
         self._lm = None
+
+
+@ENGINES.register("hf", help="Hugging Face transformers (hf:device=cuda,dtype=bfloat16,kv=quanto-int4)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> HFRunner:
+    return HFRunner(model, parse_options(arg, spec), name=ctx.name or spec)

@@ -42,8 +42,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
-from harness.capabilities import Capabilities
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf, sha256_file
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
@@ -135,26 +135,34 @@ class LlamaCppRunner:
         self.client: OpenAIRunner | None = None
         self.timings: dict[str, float] = {}
 
-    @property
-    def speed(self) -> Speed | None:
-        return self.client.speed if self.client else None
-
-    @property
-    def capabilities(self) -> Capabilities | None:
-        return self.client.capabilities if self.client else None
-
     def info(self) -> EngineInfo:
-        settings: dict[str, Any] = {"gguf_option": self.gguf_choice, "server_flags": dict(self.flags),
+        """settings: what decides the results (which GGUF, server flags, request fields);
+        environment: the build, the file's facts, how the server was talked to."""
+        settings: dict[str, Any] = {"gguf": self.gguf_choice, "server_flags": dict(self.flags),
                                     "body": dict(self.body)}
+        env: dict[str, Any] = {}
         if self.gguf is not None:
-            settings["gguf"] = self.gguf.to_json()
+            settings["gguf_sha256"] = self.gguf.facts.get("sha256")
+            env["gguf"] = self.gguf.to_json()
         if self.venv is not None:
-            settings["venv"] = {k: v for k, v in self.venv.to_json().items() if k != "path"}
+            env["venv"] = {k: v for k, v in self.venv.to_json().items() if k != "path"}
         if self.client is not None:
-            base = self.client.info().settings
-            settings.update({k: v for k, v in base.items()
-                             if k in ("protocol", "model", "prompts", "concurrency", "stream")})
-        return EngineInfo(self.name, "llama.cpp", f"llama-cpp-python {self.version}", settings=settings)
+            base = self.client.info()
+            keep = ("model", "prompts", "concurrency", "stream")
+            settings.update({k: v for k, v in base.settings.items() if k in keep})
+            env.update({k: v for k, v in base.environment.items() if k == "protocol"})
+        return EngineInfo(self.name, "llama.cpp", f"llama-cpp-python {self.version}", settings=settings,
+                          environment=env)
+
+    def facts(self) -> RunFacts:
+        client = self.client.facts() if self.client else RunFacts()
+        return RunFacts(timings=dict(self.timings), speed=client.speed, capabilities=client.capabilities)
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """The SpeedLevels ability, through the running server (it answers one request at a time)."""
+        assert self.client is not None, "start() first"
+        return self.client.measure_speeds(cases, sampling, levels)
 
     def start(self) -> None:
         t0 = time.perf_counter()
@@ -219,3 +227,9 @@ class LlamaCppRunner:
         if self.server is not None:
             self.server.stop()
 
+
+@ENGINES.register("llamacpp", help="llama.cpp's server on the model's weights, built on first use "
+                                   "(llamacpp:gguf=f32|f16|q4_1|<path>)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> LlamaCppRunner:
+    return LlamaCppRunner(model, parse_options(arg, spec), name=ctx.name or spec, run_dir=ctx.run_dir,
+                          concurrency=ctx.concurrency or 1)

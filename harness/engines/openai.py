@@ -53,19 +53,18 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
+from harness.engines.base import ENGINES, RunnerContext
 from harness.engines.server_text import ids_from_echo, left_to_server, sampling_defaults, tokenize_endpoint
 from harness.engines.token_text import UNMAPPED, TokenTexts
+from harness.models import ModelRef
 from harness.speed import Speed
-
-if TYPE_CHECKING:
-    from harness.models import ModelRef
 
 TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 # Request fields only vLLM (and servers copying it) understand; dropped if a server rejects them.
@@ -288,17 +287,23 @@ class OpenAIRunner:
 
     # -- contract ----------------------------------------------------------------------------
     def info(self) -> EngineInfo:
-        settings = self.options.settings()
-        settings["model"] = self._served.get("id", self.options.model)
+        env = self.options.settings()
+        settings = {"model": self._served.get("id", self.options.model),
+                    "concurrency": env.pop("concurrency"), "stream": env.pop("stream"),
+                    "prompts": env.pop("prompts"), "body": env.pop("body")}
+        env.pop("model", None)
         if self._fingerprint:
-            settings["system_fingerprint"] = self._fingerprint
+            env["system_fingerprint"] = self._fingerprint
         if self.protocol is not None:
-            settings["protocol"] = {"logprobs": self.protocol.logprobs, "ids_from": self.protocol.ids_from,
-                                    "top_ids": self.protocol.top_ids, "stream": self.protocol.stream,
-                                    "extras": sorted(self.protocol.extras), "prompts": self.protocol.prompts,
-                                    "top_from_text": self.protocol.top_from_text}
+            env["protocol"] = {"logprobs": self.protocol.logprobs, "ids_from": self.protocol.ids_from,
+                               "top_ids": self.protocol.top_ids, "stream": self.protocol.stream,
+                               "extras": sorted(self.protocol.extras), "prompts": self.protocol.prompts,
+                               "top_from_text": self.protocol.top_from_text}
         return EngineInfo(self.name, str(self._served.get("owned_by") or "openai-compatible"),
-                          self._version, settings=settings)
+                          self._version, settings=settings, environment=env)
+
+    def facts(self) -> RunFacts:
+        return RunFacts(timings=dict(self.timings), speed=self.speed, capabilities=self.capabilities)
 
     def start(self) -> None:
         """Wait for ``/v1/models`` (``wait`` seconds), pick the served model, read the version."""
@@ -365,6 +370,20 @@ class OpenAIRunner:
                                                                             "missing")},
                                    notes=self.capabilities.notes + self._ambiguity_note())
         return outs
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """The workload at each concurrency in turn, against the same running server."""
+        base, out = self.options, {}
+        try:
+            for c in levels:
+                self.options = replace(base, concurrency=int(c))
+                self.run(cases, sampling)
+                assert self.speed is not None
+                out[int(c)] = self.speed
+        finally:
+            self.options = base
+        return out
 
     def close(self) -> None:
         """Nothing is held between requests (one connection per request)."""
@@ -898,3 +917,9 @@ class OpenAIRunner:
         key = os.environ.get(self.options.key_env)
         return text.replace(key, "***") if key else text
 
+
+@ENGINES.register("openai", help="an OpenAI-compatible server "
+                           "(openai:http://127.0.0.1:8000,c=8,key_env=MY_KEY)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> OpenAIRunner:
+    return OpenAIRunner(parse_openai_spec(spec, arg, ctx.concurrency or 1), name=ctx.name or spec,
+                        model=model)

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.models import ModelRef
 from harness.speed import Speed
@@ -46,15 +47,6 @@ def default_engine_settings(model: ModelRef) -> dict[str, Any]:
             "max_model_len": max_len, "seed": 0}
 
 
-def _coerce(v: str) -> Any:
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(v.lower(), v)
-
-
 class VLLMRunner:
     def __init__(self, model: ModelRef, options: Mapping[str, Any], name: str = "vllm",
                  python: str | None = None, version: str | None = None,
@@ -69,13 +61,14 @@ class VLLMRunner:
         self.python = python or sys.executable
         self._version = version
         self.settings = {**default_engine_settings(model),
-                         **{k: _coerce(v) if isinstance(v, str) else v for k, v in options.items()}}
+                         **{k: coerce(v) if isinstance(v, str) else v for k, v in options.items()}}
         self.sampling_extra = dict(sampling_extra or {})
         self.run_dir = run_dir
         self.timings: dict[str, float] = {}
         self.meta: dict[str, Any] = {}
         self.case_meta: dict[str, dict[str, Any]] = {}
         self.log_path: Path | None = None
+        self._levels: tuple[int, ...] = ()
 
     def info(self) -> EngineInfo:
         version = self.meta.get("version") or self._version or _installed_version(self.python)
@@ -86,6 +79,21 @@ class VLLMRunner:
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         return self._work(cases, sampling, None)[0]
+
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        """The workload at each concurrency in ``levels``, in one engine start (after one pass at
+        the engine's own concurrency, which warms it up)."""
+        self._levels = tuple(int(c) for c in levels)
+        try:
+            self._work(cases, sampling, None)
+        finally:
+            self._levels = ()
+        return {int(d["concurrency"]): Speed(int(d["concurrency"]), len(cases), int(d["output_tokens"]),
+                                             float(d["wall_s"]),
+                                             tuple(float(t) for t in d["ttft_s"] if t is not None),
+                                             "vllm-offline")
+                for d in self.meta.get("speed_levels", ())}
 
     def run_and_score(self, cases: Sequence[Case], sampling: Sampling,
                       continuations: Mapping[str, Sequence[int]] | None, k: int
@@ -113,6 +121,7 @@ class VLLMRunner:
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
             **({"concurrency": self.concurrency} if self.concurrency else {}),
+            **({"speed_levels": list(self._levels)} if self._levels else {}),
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         with self.log_path.open("w") as log:
@@ -166,6 +175,16 @@ class VLLMRunner:
     def _tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
 
+    def facts(self) -> RunFacts:
+        cap: dict[str, Any] = {}
+        if self.meta.get("num_gpu_blocks") and self.meta.get("block_size"):
+            nb, bs = int(self.meta["num_gpu_blocks"]), int(self.meta["block_size"])
+            cap = {"tokens": nb * bs, "blocks": nb, "block_size": bs,
+                   "cache_dtype": self.meta.get("cache_dtype"),
+                   "source": "vLLM cache_config.num_gpu_blocks x block_size"}
+        return RunFacts(timings=dict(self.timings), speed=self.speed, batched=self.concurrency is None,
+                        kv_capacity=cap, case_facts={k: dict(v) for k, v in self.case_meta.items()})
+
     def close(self) -> None:
         """The child process has exited by the time ``run`` returns."""
 
@@ -198,3 +217,9 @@ def _installed_version(python: str) -> str:
         return out.stdout.strip() or "unknown"
     except (subprocess.SubprocessError, OSError):
         return "unknown"
+
+
+@ENGINES.register("vllm", help="the pinned vLLM as a candidate (vllm:dtype=bfloat16)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> VLLMRunner:
+    return VLLMRunner(model, parse_options(arg, spec), name=ctx.name or spec, run_dir=ctx.run_dir,
+                      concurrency=ctx.concurrency)

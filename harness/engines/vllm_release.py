@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
+from harness.engines.base import ENGINES, RunnerContext, parse_options, split_spec
 from harness.engines.venvs import VenvError, VenvInfo, check_version, ensure_vllm_venv, oracle_venv
 from harness.engines.vllm import VLLMRunner
 from harness.models import ModelRef
@@ -65,7 +66,14 @@ class VLLMReleaseRunner(VLLMRunner):
 
     def info(self) -> EngineInfo:
         base = super().info()
-        settings = dict(base.settings)
+        env = dict(base.environment)
         if self.venv is not None:
-            settings["venv"] = {k: v for k, v in self.venv.to_json().items() if k != "path"}
-        return EngineInfo(base.name, base.engine, base.version, base.sha, settings)
+            env["venv"] = {k: v for k, v in self.venv.to_json().items() if k != "path"}
+        return EngineInfo(base.name, base.engine, base.version, base.sha, base.settings, env)
+
+
+@ENGINES.register("vllm@", help="another vLLM release in its own venv, installed on first use (vllm@0.31.0)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> VLLMReleaseRunner:
+    version = split_spec(spec)[0].partition("@")[2]
+    return VLLMReleaseRunner(model, version, parse_options(arg, spec), name=ctx.name or spec,
+                             run_dir=ctx.run_dir, concurrency=ctx.concurrency)

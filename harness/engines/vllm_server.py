@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.api import Case, EngineFailed, EngineInfo, Output, Sampling
-from harness.capabilities import Capabilities
+from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
+from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options, split_spec
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
 from harness.engines.venvs import VenvError
-from harness.engines.vllm import START_TIMEOUT_S, _coerce, default_engine_settings
+from harness.engines.vllm import START_TIMEOUT_S, default_engine_settings
 from harness.models import ModelRef
 from harness.speed import Speed
 
@@ -77,21 +77,20 @@ class VLLMServerRunner:
         self.client: OpenAIRunner | None = None
         self.timings: dict[str, float] = {}
 
-    @property
-    def speed(self) -> Speed | None:
-        return self.client.speed if self.client else None
-
-    @property
-    def capabilities(self) -> Capabilities | None:
-        return self.client.capabilities if self.client else None
-
     def info(self) -> EngineInfo:
-        settings: dict[str, Any] = {"server_args": server_args(self.server.settings) if self.server else []}
+        settings: dict[str, Any] = dict(self.server.settings) if self.server else {}
+        env: dict[str, Any] = {"server_args": server_args(self.server.settings) if self.server else []}
         if self.client is None:
-            return EngineInfo(self.name, "vllm", "unknown", settings=settings)
+            return EngineInfo(self.name, "vllm", "unknown", settings=settings, environment=env)
         base = self.client.info()
-        settings.update({k: v for k, v in base.settings.items() if k not in ("api_key_env", "api_key_set")})
-        return EngineInfo(self.name, "vllm", base.version, settings=settings)
+        settings.update(base.settings)
+        env.update({k: v for k, v in base.environment.items() if k not in ("api_key_env", "api_key_set")})
+        return EngineInfo(self.name, "vllm", base.version, settings=settings, environment=env)
+
+    def facts(self) -> RunFacts:
+        client = self.client.facts() if self.client else RunFacts()
+        return RunFacts(timings=dict(self.timings), speed=client.speed,
+                        capabilities=client.capabilities)
 
     def start(self) -> None:
         try:
@@ -101,7 +100,7 @@ class VLLMServerRunner:
         log = None
         if self.run_dir is not None:
             log = Path(tempfile.mkdtemp(prefix="vllm-server-", dir=self.run_dir)) / "server.log"
-        settings = {k: _coerce(v) if isinstance(v, str) else v for k, v in self.engine_options.items()}
+        settings = {k: coerce(v) if isinstance(v, str) else v for k, v in self.engine_options.items()}
         self.server = VLLMServer(self.model, settings, python=python, log_path=log)
         try:
             self.server.start()
@@ -119,6 +118,23 @@ class VLLMServerRunner:
         self.timings.update(self.client.timings)
         return outs
 
+    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
+                       levels: Sequence[int]) -> dict[int, Speed]:
+        assert self.client is not None, "start() first"
+        return self.client.measure_speeds(cases, sampling, levels)
+
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+
+
+@ENGINES.register("vllm-server", help="a vLLM server the harness starts and stops "
+                                      "(vllm-server:c=8, vllm-server@0.31.0)")
+@ENGINES.register("vllm-server@", help="a vLLM server of another release (vllm-server@0.31.0)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> VLLMServerRunner:
+    from harness.engines.vllm_release import release_python
+
+    version = split_spec(spec)[0].partition("@")[2]
+    python = (lambda: str(release_python(version).python)) if version else None
+    return VLLMServerRunner(model, parse_options(arg, spec), name=ctx.name or spec, python=python,
+                            run_dir=ctx.run_dir, concurrency=ctx.concurrency or 1)

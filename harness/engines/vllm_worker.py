@@ -211,6 +211,11 @@ def main(request_path: str, result_path: str) -> int:
                  "continuation_ids": [int(t) for t in r.outputs[0].token_ids]}
                 for c, r in zip(req["cases"], results, strict=True)]}
         scored, t_score = _score(llm, SamplingParams, score, int(s.get("seed", 0)))
+        levels = []
+        for c in req.get("speed_levels") or ():  # the same workload again at each concurrency
+            res_c, ttft_c, t_c = _closed_loop(llm, prompts, params, int(c))
+            levels.append({"concurrency": int(c), "wall_s": time.perf_counter() - t_c, "ttft_s": ttft_c,
+                           "output_tokens": sum(len(r.outputs[0].token_ids) for r in res_c)})
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
         write_line(out, {
             "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
@@ -218,6 +223,7 @@ def main(request_path: str, result_path: str) -> int:
                         **({"score_s": t_score} if scored else {})},
             "output_tokens": n_out,
             **({"concurrency": int(conc), "ttft_s": ttft} if conc and prompts else {}),
+            **({"speed_levels": levels} if levels else {}),
             "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
             "block_size": getattr(cache, "block_size", None),
             "cache_dtype": str(getattr(cache, "cache_dtype", "")),

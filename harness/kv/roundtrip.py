@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -366,6 +367,7 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
             extra["capture_malformed"] = list(malformed[:20])
     if refusal is not None:
         verdicts += refusal_verdicts(refusal, kv)
+        controls += refusal_controls(refusal, kv)
         gates.append("kv_refusal")
     summary = summary_line(verdicts)
     hits = [v for v in verdicts if v.comparator == "kv_hits"]
@@ -378,6 +380,21 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
     if "capture_overhead_pct" in fig:
         summary += f"; capture overhead {fig['capture_overhead_pct']:+.1f}%"
     return RoundTrip(tuple(verdicts), tuple(controls), tuple(gates), summary, info, timings, extra, run_dir)
+
+
+def refusal_controls(ph: Phase, kv: KVSettings) -> list[Control]:
+    """``kv_refusal``'s controls: an engine that starts with the off-grid chunk size, and a refusal
+    that does not name the KV-cache group, must both fail it."""
+    planted = [("the engine starts with the off-grid chunk size", replace(ph, ok=True, reason=""))]
+    if ph.capture is not None and ph.capture.refusal:
+        vague = re.sub(r"\bgroup \d+", "a group", ph.capture.refusal)
+        planted.append(("the refusal does not name the group",
+                        replace(ph, ok=False, capture=replace(ph.capture, refusal=vague))))
+    out = []
+    for name, phase in planted:
+        got = next(v.status for v in refusal_verdicts(phase, kv) if v.comparator == "kv_refusal")
+        out.append(Control("kv_refusal", name, "fail", got, got == "fail"))
+    return out
 
 
 def refusal_verdicts(ph: Phase, kv: KVSettings) -> list[Verdict]:

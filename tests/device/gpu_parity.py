@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.gate import run_gate  # noqa: E402
+from harness.pipeline import run_gate  # noqa: E402
 from harness.workspace import Workspace  # noqa: E402
 
 RUNS = [
@@ -39,7 +39,7 @@ def main(out: Path) -> int:
         t0 = time.perf_counter()
         try:
             res = run_gate(ws, "tiny-llama", suite, cand, auto_record=False,
-                           oracle_speed="the pinned vLLM is not installed on the GPU runner")
+                           speed="the pinned vLLM is not installed on the GPU runner")
             rec = res.record
             summary["runs"].append({
                 "suite": suite, "candidate": cand, "outcome": rec.outcome, "summary": rec.summary,

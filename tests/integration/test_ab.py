@@ -14,10 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.ab import Arm, ab_lines, run_ab, run_arm, run_arms
 from harness.api import Output
+from harness.kinds.ab import Arm, run_arm, run_arms
 from harness.models import resolve_model
+from harness.pipeline import run_ab
 from harness.records import load_record
+from harness.report import ab_lines
 from harness.suites import find_suite
 from harness.workspace import REPO_ROOT, Workspace
 

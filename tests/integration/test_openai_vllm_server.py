@@ -13,8 +13,8 @@ from harness.engines import RunnerContext, make_runner
 from harness.engines.procs import group_alive
 from harness.engines.vllm import VLLMRunner
 from harness.engines.vllm_server import VLLMServerRunner
-from harness.gate import run_gate
 from harness.models import resolve_model
+from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.workspace import Workspace
 
@@ -35,7 +35,7 @@ def test_a_real_vllm_server_gives_the_offline_verdicts_and_is_stopped(workspace:
     runner = make_runner("vllm-server", model, RunnerContext(run_dir=workspace.runs, concurrency=4))
     assert isinstance(runner, VLLMServerRunner)
     res = run_gate(workspace, "tiny-llama", "smoke", "vllm-server", runner=runner, concurrency=4,
-                   oracle_speed=offline_runner.speed, auto_record=False)
+                   speed=offline_runner.facts().speed, auto_record=False)
     assert runner.server is not None and runner.server.pid is not None
     assert not group_alive(runner.server.pid), "the harness left the vLLM server running"
 
@@ -44,10 +44,10 @@ def test_a_real_vllm_server_gives_the_offline_verdicts_and_is_stopped(workspace:
     assert statuses == {(v.comparator, v.case_id): v.status for v in offline.verdicts}, rec.summary
     assert rec.outcome == "pass"
     assert rec.candidate.engine == "vllm" and rec.candidate.version == "0.32.0"
-    assert "127.0.0.1" in rec.candidate.settings["base_url"]
+    assert "127.0.0.1" in rec.candidate.environment["base_url"]
     caps = rec.extra["capabilities"]
     assert caps["token_ids"] and caps["top_logprobs"] and caps["logprobs_served"] == 5
-    assert rec.candidate.settings["protocol"]["ids_from"] == "token_ids"
+    assert rec.candidate.environment["protocol"]["ids_from"] == "token_ids"
 
     speed = rec.extra["speed"]
     assert speed["candidate"]["method"] == "http-stream" and speed["oracle"]["method"] == "vllm-offline"

@@ -18,9 +18,9 @@ import pytest
 from harness.api import EngineRefused
 from harness.engines.cmd import CmdRunner
 from harness.engines.procs import pid_running
-from harness.gate import run_gate
 from harness.goldens import Golden, golden_dir, read_golden
 from harness.models import resolve_model
+from harness.pipeline import run_gate
 from harness.records import Record, load_record
 from harness.workspace import Workspace
 
@@ -64,7 +64,7 @@ def test_a_correct_engine_passes_through_stdin_or_a_workload_file(workspace: Wor
     rec = gate(workspace, spec(answers, "ok", extra))
     assert rec.outcome == "pass", rec.summary
     assert all(v.status == "pass" for v in rec.verdicts if v.comparator == "strict")
-    assert rec.candidate.engine == "cmd" and rec.candidate.settings["returncode"] == 0
+    assert rec.candidate.engine == "cmd" and rec.candidate.environment["returncode"] == 0
     assert rec.extra["speed"]["candidate"]["output_tokens"] == 256
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness import compare
-from harness.api import Case, EngineInfo, Output, Sampling, Verdict
+from harness.api import Case, EngineInfo, Output, RunFacts, Sampling, Verdict
 from harness.compare.kl import KL
 from harness.compare.near_tie import NearTie
 from harness.compare.nmse import NMSE
@@ -29,8 +29,8 @@ from harness.controls import (
     vacuous_reasons,
 )
 from harness.features import generate
-from harness.gate import run_gate
 from harness.goldens import read_golden
+from harness.pipeline import run_gate
 from harness.workspace import REPO_ROOT
 from tests.unit.features_kit import commit, make_git_workspace
 
@@ -49,6 +49,7 @@ class AlwaysPass:
     """A comparator that cannot fail: the bug the guard exists for."""
 
     key = "always_pass"
+    needs_scores = False
     threshold_nats: float = 0.5
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
@@ -77,10 +78,11 @@ class SecretlyStrict(NearTie):
 
 
 @pytest.fixture
-def always_pass_registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(compare.COMPARATORS, "always_pass", lambda p, d: AlwaysPass())
-    monkeypatch.setitem(CONTROLS, "always_pass", ControlSet(
-        "always_pass", (Mutation("flip decisive token", "fail", plant_decisive_flip),)))
+def always_pass_registered() -> Iterator[None]:
+    with compare.COMPARATORS.patched("always_pass", lambda p, d: AlwaysPass(), meta={}), \
+            CONTROLS.patched("always_pass", ControlSet(
+                "always_pass", (Mutation("flip decisive token", "fail", plant_decisive_flip),))):
+        yield
 
 
 def test_real_strict_and_near_tie_bite_on_the_committed_goldens() -> None:
@@ -215,18 +217,19 @@ def test_nmse_controls_need_full_vocab() -> None:
 
 
 def test_every_registered_control_set_has_a_must_fail_mutation() -> None:
-    for key, cs in CONTROLS.items():
-        assert any(m.expect == "fail" for m in cs.mutations), key
+    for e in CONTROLS.entries():
+        assert any(m.expect == "fail" for m in e.value.mutations), e.name
     assert {"strict", "near_tie", "kl", "nmse"} <= set(CONTROLS)
 
 
-def test_register_replaces_by_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("harness.controls.CONTROLS", dict(CONTROLS))
-    from harness import controls as mod
-
+def test_a_second_control_set_for_one_key_is_refused_unless_patched_in() -> None:
     cs = ControlSet("strict", (Mutation("x", "fail", plant_decisive_flip),))
-    register(cs)
-    assert mod.CONTROLS["strict"] is cs
+    with pytest.raises(ValueError, match="registered twice"):
+        register(cs)
+    real = CONTROLS.get("strict")
+    with CONTROLS.patched("strict", cs):
+        assert CONTROLS.get("strict") is cs
+    assert CONTROLS.get("strict") is real
 
 
 # --- end to end: a gate whose comparator cannot fail writes a VACUOUS record and table cell ------
@@ -248,6 +251,9 @@ class EchoRunner:
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         return [self.outputs[c.id] for c in cases]
+
+    def facts(self) -> RunFacts:
+        return RunFacts()
 
     def close(self) -> None:
         pass
@@ -294,8 +300,8 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
     assert any(c.comparator == "near_tie" and c.ok for c in rec.controls)
 
     g = generate(ws)
-    assert g.table.cells[("vacuous", "echo")].state == "vacuous"
-    assert g.table.cells[("guarded", "echo")].state == "pass"
+    assert g.table.cell("vacuous", "echo").state == "vacuous"
+    assert g.table.cell("guarded", "echo").state == "pass"
     assert "| VACUOUS always_pass: flip decisive token" in g.features
     assert "VACUOUS" in g.supported  # listed as not verified, with the reason
     assert "## Verified models" in g.supported and "| tiny-llama | LlamaForCausalLM" not in g.supported
@@ -317,6 +323,7 @@ class TextOnlyStrict:
     """strict judged on text (a candidate without token ids): same key, other evidence."""
 
     key = "strict"
+    needs_scores = False
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
         return Verdict(case.id, self.key, "pass" if oracle.text == candidate.text else "fail", "text")

@@ -21,13 +21,13 @@ def ws(tmp_path: Path) -> Workspace:
 
 
 def cell(ws: Workspace, row: str = "near-tie", col: str = "hf"):  # noqa: ANN201
-    return generate(ws).table.cells[(row, col)]
+    return generate(ws).table.cell(row, col)
 
 
 def test_no_record_is_not_yet(ws: Workspace) -> None:
     g = generate(ws)
-    assert g.table.cells[("near-tie", "hf")].state == "todo"
-    assert g.table.cells[("exact", "cpp")].state == "na"
+    assert g.table.cell("near-tie", "hf").state == "todo"
+    assert g.table.cell("exact", "cpp").state == "na"
     assert "n/a not applicable to this engine" in g.features
     assert "✅" not in g.features.split("## Decode")[1]
 
@@ -129,10 +129,10 @@ def test_malformed_record_is_a_warning_cell_never_a_crash(ws: Workspace, damage)
     damage(bad)
     g = generate(ws)
     rel = bad.relative_to(ws.root).as_posix()
-    c = g.table.cells[("near-tie", "hf")]
+    c = g.table.cell("near-tie", "hf")
     assert c.state == "pass" and c.record == good.relative_to(ws.root).as_posix()
     assert c.warnings == (f"⚠ unreadable record {rel}",)
-    assert g.table.cells[("near-tie", "cpp")].warnings == ()  # not this candidate's file
+    assert g.table.cell("near-tie", "cpp").warnings == ()  # not this candidate's file
     assert f"- ⚠ `{rel}`" in g.features.split("## Unreadable records")[1]
     assert "(1 unreadable)" in g.features
 
@@ -178,8 +178,27 @@ def test_history_is_newest_first_and_marks_the_shown_record(ws: Workspace) -> No
     assert [e.lr.record.created for e in h] == ["2026-11-30T03:00:00Z", "2026-11-30T02:00:00Z",
                                                 "2026-11-30T01:00:00Z"]
     assert [e.cell.state for e in h] == ["stale", "pass", "fail"]
-    assert [e.current for e in h] == [True, False, False]
-    assert h[1].superseded_by == h[0].lr.record.id
+    # the newest record ran on a dirty tree: the table shows the newest *current* one
+    assert [e.current for e in h] == [False, True, False]
+    assert h[0].superseded_by is None and h[2].superseded_by == h[1].lr.record.id
+
+
+def test_a_newer_stale_record_is_mentioned_beside_the_current_one_not_instead(ws: Workspace) -> None:
+    """Regression: a gate on an unmerged side branch made the main-line cell show ⌛ although main
+    had a valid record for the same cell."""
+    _, current = make_record(ws, created="2026-11-30T01:00:00Z")
+    _, newer = make_record(ws, created="2026-11-30T02:00:00Z", dirty=True)
+    c = cell(ws)
+    assert c.state == "pass" and c.record == current.relative_to(ws.root).as_posix()
+    assert [path for path, _ in c.newer] == [newer.relative_to(ws.root).as_posix()]
+    assert "uncommitted changes" in c.newer[0][1]
+    g = generate(ws)
+    assert f"newer [record]({newer.relative_to(ws.root).as_posix()}) ⌛" in g.features
+    assert check_citations(ws, g.features, g.supported) == []
+    # with no current record left, the newest stale one is shown, as stale
+    current.unlink()
+    c = cell(ws)
+    assert c.state == "stale" and c.record == newer.relative_to(ws.root).as_posix() and not c.newer
 
 
 def test_history_cli_and_unknown_feature(
@@ -197,12 +216,21 @@ def test_supported_models_lists_verified_and_not_verified(ws: Workspace) -> None
     make_record(ws, candidate="cpp", candidate_sha="ab" * 20, created="2026-11-30T02:00:00Z")
     s = generate(ws).supported
     verified = s.split("## Verified models")[1].split("## Settings per model")[0]
-    assert "| tiny-llama | LlamaForCausalLM | full attention, MQA 2q/1kv | 0.32.0 | hf (transformers 1.0)" \
-        in verified
+    assert "| tiny-llama | LlamaForCausalLM | full attention, MQA 2q/1kv | — | 0.32.0 | — | smoke v1 | " \
+        "hf (transformers 1.0) |" in verified
     settings = s.split("## Settings per model")[1].split("## Not verified")[0]
-    assert "| tiny-llama | 0.32.0 | 32 | — | float32 |" in settings
+    assert "| tiny-llama | smoke | 0.32.0 | 32 | — | float32 | hf |" in settings
     not_verified = s.split("## Not verified")[1].split("## Refused")[0]
-    assert "| tiny-llama | cpp | ⌛ |" in not_verified and "cannot be checked" in not_verified
+    assert "| tiny-llama | smoke | cpp | ⌛ |" in not_verified and "cannot be checked" in not_verified
+
+
+def test_supported_models_shows_the_current_state_one_line_per_configuration(ws: Workspace) -> None:
+    """Regression: the page listed every superseded stale record of a model (ten rows of history)."""
+    for hour in range(1, 6):
+        make_record(ws, created=f"2026-11-30T0{hour}:00:00Z", dirty=hour % 2 == 0)
+    s = generate(ws).supported
+    assert s.count("[record](") == 1  # settings: the one current configuration, nothing else cited
+    assert "## Not verified" in s and "| — | | | | | |" in s.split("## Not verified")[1].split("##")[0]
 
 
 @pytest.mark.parametrize("edit, needle", [

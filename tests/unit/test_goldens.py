@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness.api import EngineInfo, Output
-from harness.gate import load_or_record
 from harness.goldens import GoldenError, golden_dir, read_golden, staleness, write_golden
 from harness.models import resolve_model
+from harness.oracle import load_or_record
 from harness.pin import OraclePin
 from harness.suites import find_suite
 from harness.workspace import Workspace

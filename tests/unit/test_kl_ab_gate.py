@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.ab import Arm, ab_lines, capacity_ratio, run_ab, same_decode_path
 from harness.api import EngineInfo, Output
+from harness.kinds.ab import Arm, capacity_ratio, same_decode_path
 from harness.models import resolve_model
+from harness.pipeline import run_ab
+from harness.report import ab_lines
 from harness.suites import find_suite
 from harness.synthetic import drifting_pair, output_from_logits
 from harness.workspace import REPO_ROOT, Workspace
@@ -15,6 +17,7 @@ from harness.workspace import REPO_ROOT, Workspace
 VOCAB = 64
 SUITE = """name = "ab_unit"
 version = 1
+kind = "ab"
 [sampling]
 max_tokens = 128
 logprobs = 64

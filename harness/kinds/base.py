@@ -1,0 +1,96 @@
+"""The contract of a gate kind: prepare -> run -> judge, registered by suite kind.
+
+A suite names its kind (``kind = "parity"`` in ``suites/<name>.toml``, the default). The pipeline
+(:mod:`harness.pipeline`) looks the kind up in :data:`KINDS`, calls its three steps, and hands the
+:class:`Judgement` to the one record builder, which owns provenance, the vacuous-gate guard,
+figures and writing. A kind never builds or writes a record itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from harness.api import EngineInfo, Output, Runner, Verdict
+from harness.goldens import Golden
+from harness.models import ModelRef
+from harness.records import Control
+from harness.registry import Registry
+from harness.suites import Suite
+from harness.workspace import Workspace
+
+if TYPE_CHECKING:
+    from harness.distribution import Distribution
+    from harness.speed import Speed
+
+Transform = Callable[[Sequence[Output]], list[Output]]
+"""Rewrites a candidate's outputs before judging: planted mutations in tests."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GateRequest:
+    """One gate to run: what the user asked for, resolved and validated."""
+
+    model: ModelRef
+    suite: Suite
+    candidate: str
+    """The engine spec under test (arm B of an A/B)."""
+    reference: str | None = None
+    """The reference configuration of an A/B (arm A); kinds with goldens use the pinned oracle."""
+    connector: str | None = None
+    """A third-party KV connector (``module:Class``) for KV kinds."""
+    concurrency: int | None = None
+    speed: Speed | str | bool = False
+    """Also time the pinned oracle on the same workload (True), use a :class:`Speed` measured
+    earlier in the same run, or a string saying why there is none."""
+    auto_record: bool = True
+    """Record missing goldens with the oracle first (else: a missing golden is bad input)."""
+    transform: Transform | None = None
+    runner: Runner | None = None
+    """An already configured engine to use instead of the one the spec would make."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Kind-specific inputs (e.g. the A/B's pre-run arms)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Judgement:
+    """What a gate kind established. The record builder turns it into a :class:`Record`."""
+
+    label: str
+    """The candidate part of the record's name, e.g. ``hf``, ``kv-harness-store``, ``ab-vllm...``."""
+    candidate: EngineInfo
+    verdicts: tuple[Verdict, ...]
+    gates: tuple[str, ...]
+    """The comparators whose failure fails the run."""
+    controls: tuple[Control, ...]
+    summary: str
+    timings: Mapping[str, float] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    golden: Golden | None = None
+    """The goldens judged against (their provenance becomes the record's ``oracle``)."""
+    reference: Mapping[str, Any] = field(default_factory=dict)
+    """The reference side's provenance when there are no goldens (an A/B's arm A)."""
+    distribution: Distribution | None = None
+    """KL table and drift profile: the builder writes its pictures beside the record."""
+    figure_title: str = ""
+
+
+class GateKind(Protocol):
+    """One kind of gate. ``prepare`` validates and loads (goldens, settings) before any engine
+    starts; ``run`` drives the engines; ``judge`` turns what they produced into verdicts, controls
+    and figures."""
+
+    name: str
+    tables: tuple[str, ...]
+    """The suite's top-level tables this kind reads besides [sampling]/[compare]/[[cases]]."""
+
+    def prepare(self, ws: Workspace, req: GateRequest) -> Any: ...
+
+    def run(self, ws: Workspace, req: GateRequest, prepared: Any) -> Any: ...
+
+    def judge(self, ws: Workspace, req: GateRequest, prepared: Any, ran: Any) -> Judgement: ...
+
+
+KINDS: Registry[GateKind] = Registry("gate kind")
+"""Suite kind -> the gate kind that runs it."""

@@ -1,0 +1,165 @@
+"""The pipeline: every gate, whatever its kind, is prepare -> run -> judge -> one record.
+
+``harness gate`` / ``make gate`` (and ``harness ab``, ``make matrix``, the pytest plugin) call
+:func:`run_gate`. The suite's ``kind`` picks the gate kind (:mod:`harness.kinds`); the kind
+judges; :func:`build_record` — the only place a record is assembled — adds provenance (harness SHA,
+dirty tree, model facts, device, the oracle's or reference's provenance), applies the vacuous-gate
+guard to the outcome, and the record is written with its pictures beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.api import Runner
+from harness.controls import UNGUARDED, guard
+from harness.distribution import FIGURES
+from harness.goldens import Golden
+from harness.kinds import KINDS, GateKind, GateRequest, Judgement
+from harness.kinds.base import Transform
+from harness.models import resolve_model
+from harness.models.arch import model_facts
+from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
+from harness.records import (
+    RECORDED_ORACLE,
+    Control,
+    Record,
+    new_record_id,
+    outcome_of,
+    record_path,
+    write_record,
+)
+from harness.registry import UnknownName
+from harness.speed import Speed
+from harness.suites import Suite, SuiteError, find_suite
+from harness.workspace import Workspace
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GateResult:
+    record: Record
+    path: Path
+    """Where the record was written (``Path()`` when ``write=False``)."""
+    judgement: Judgement
+
+    @property
+    def golden(self) -> Golden | None:
+        return self.judgement.golden
+
+
+def kind_of(suite: Suite) -> GateKind:
+    """The suite's gate kind; an unknown kind or a table the kind does not read is bad input."""
+    try:
+        kind = KINDS.get(suite.kind)
+    except UnknownName as e:
+        raise SuiteError(f"{suite.path}: field 'kind': {e}") from None
+    stray = sorted(set(suite.extra) - set(kind.tables))
+    if stray:
+        tables = ", ".join(f"[{t}]" for t in stray)
+        owners = sorted(k.name for k in (KINDS.get(n) for n in KINDS) if set(stray) & set(k.tables))
+        hint = f" (read by kind {', '.join(repr(o) for o in owners)})" if owners else ""
+        raise SuiteError(f"{suite.path}: table {tables} is not read by kind {suite.kind!r}{hint}")
+    return kind
+
+
+def golden_provenance(golden: Golden) -> dict[str, Any]:
+    """The record's ``oracle`` entry for a gate judged against goldens."""
+    m = golden.manifest
+    return {"engine": golden.oracle.engine, "version": golden.oracle.version,
+            "pin": m["oracle"].get("pin"), "golden_files": dict(golden.checksums),
+            "golden_created": m.get("created"), "settings": dict(golden.oracle.settings),
+            "device": dict(m.get("device") or {})}
+
+
+def unguarded(j: Judgement) -> tuple[Control, ...]:
+    """A gated comparator that judged something but ran no control cannot count as passed: one
+    ``unguarded`` control per such comparator (the guard then makes the outcome vacuous)."""
+    guarded = {c.comparator for c in j.controls}
+    judged = {v.comparator for v in j.verdicts if v.status != "skip"}
+    return tuple(Control(g, UNGUARDED, "fail", "unguarded", False,
+                         f"the {j.label} gate ran no controls for it")
+                 for g in j.gates if g in judged and g not in guarded)
+
+
+def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
+                 created: str | None = None) -> Record:
+    """The one record builder: provenance, guard, timings, figures' names."""
+    created = created or now_utc()
+    sha = git_sha(ws.root)
+    controls = j.controls + unguarded(j)
+    outcome, vacuous = guard(outcome_of(j.verdicts, j.gates), controls, j.gates)
+    summary = j.summary + (" — VACUOUS: " + "; ".join(vacuous) if outcome == "vacuous" else "")
+    timings = dict(j.timings)
+    extra: dict[str, Any] = dict(j.extra)
+    if j.golden is not None:
+        oracle = golden_provenance(j.golden)
+        timings.update({f"{RECORDED_ORACLE}{k}": float(v)
+                        for k, v in (j.golden.manifest.get("timings") or {}).items()})
+    else:
+        oracle = dict(j.reference)
+    if vacuous:
+        extra["vacuous"] = vacuous
+    rid = new_record_id(created, sha, j.label)
+    if j.distribution is not None:
+        extra["distribution"] = {**j.distribution.to_json(),
+                                 "figures": {k: f"{rid}.{k}.png" for k in FIGURES}}
+    return Record(
+        id=rid, kind=kind.name, created=created,
+        model={"name": req.model.name, "digest": req.model.digest, **model_facts(req.model.path)},
+        suite={"name": req.suite.name, "version": req.suite.version, "digest": req.suite.digest,
+               "kind": kind.name},
+        oracle=oracle, candidate=j.candidate, harness={"sha": sha, "dirty": git_dirty(ws.root)},
+        outcome=outcome, summary=summary, verdicts=j.verdicts, gates=j.gates, timings=timings,
+        controls=controls, platform=platform_facts(), device=device_facts(), extra=extra)
+
+
+def write_with_figures(ws: Workspace, record: Record, j: Judgement) -> Path:
+    """The record, and its pictures beside it."""
+    path = write_record(ws.records, record)
+    if j.distribution is not None:
+        j.distribution.write_figures(record_path(ws.records, record).parent, record.id, j.figure_title)
+    return path
+
+
+def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
+             reference: str | None = None, connector: str | None = None,
+             concurrency: int | None = None, speed: bool | Speed | str = False,
+             auto_record: bool = True, transform: Transform | None = None,
+             runner: Runner | None = None, write: bool = True,
+             options: Mapping[str, Any] | None = None) -> GateResult:
+    """Run one gate of the suite's kind and write its record.
+
+    ``reference``: arm A of an A/B suite. ``connector``: a KV connector for KV suites.
+    ``concurrency``: requests in flight (None: the engine's default). ``speed``: also time the
+    pinned oracle on the same workload after the candidate has stopped (True), reuse a
+    :class:`Speed` measured earlier in the same run, or say why not (a string).
+    ``transform`` rewrites the candidate's outputs (an A/B's: B's scores) before judging — planted
+    mutations in tests; ``runner`` replaces the one the spec would make.
+    """
+    model = resolve_model(model_name, ws)
+    suite = find_suite(ws.suites, suite_name)
+    kind = kind_of(suite)
+    if connector and "kv" not in kind.tables:
+        raise SuiteError(f"{suite.path}: a KV connector ({connector}) needs a KV suite (kind "
+                         f"'kv_roundtrip', e.g. suite kv_roundtrip); {suite.name} is {suite.kind!r}")
+    req = GateRequest(model, suite, candidate, reference, connector, concurrency, speed, auto_record,
+                      transform, runner, dict(options or {}))
+    prepared = kind.prepare(ws, req)
+    ran = kind.run(ws, req, prepared)
+    j = kind.judge(ws, req, prepared, ran)
+    record = build_record(ws, req, kind, j)
+    return GateResult(record, write_with_figures(ws, record, j) if write else Path(), j)
+
+
+def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec: str, *,
+           arms: tuple[Any, Any] | None = None, transform_b: Transform | None = None,
+           **kw: Any) -> GateResult:
+    """An A/B gate: ``b_spec`` judged against the reference configuration ``a_spec``.
+
+    ``arms``: (A, B) :class:`~harness.kinds.ab.Arm` s that already ran (one A serves several Bs);
+    ``transform_b`` rewrites B's scores before judging (planted mutations in tests)."""
+    return run_gate(ws, model_name, suite_name, b_spec, reference=a_spec, transform=transform_b,
+                    options={"arms": arms} if arms is not None else None, **kw)

@@ -1,0 +1,118 @@
+"""The tree's shape: no import cycles (a function-level import that hides one is still one), and
+the pipeline never probes an engine with getattr/hasattr."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from harness.workspace import REPO_ROOT
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth, except those under ``if TYPE_CHECKING:`` (types only)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                stack.extend(child.orelse)
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                yield child
+            stack.append(child)
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports (explicit imports only)."""
+    modules = {}
+    for p in (root / package).rglob("*.py"):
+        parts = p.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = p
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in _imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:  # relative import
+                    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    graph[name].add(t)
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on, stack, out = set(), [], []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_harness_has_no_import_cycles() -> None:
+    found = cycles(module_graph(REPO_ROOT, "harness"))
+    assert found == [], "import cycles (function-level imports count): " + "; ".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import x\n")
+    (pkg / "b.py").write_text("x = 1\n\ndef f():\n    from pkg import a\n    return a\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    assert cycles(module_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.b"]]
+
+
+def test_the_pipeline_declares_what_it_asks_of_engines() -> None:
+    """Optional engine abilities are declared in harness/api.py (RunFacts, Scorer, TensorSource),
+    never discovered with getattr/hasattr on a runner."""
+    offenders = []
+    for p in [REPO_ROOT / "harness" / "pipeline.py", REPO_ROOT / "harness" / "oracle.py",
+              REPO_ROOT / "harness" / "speed.py", *(REPO_ROOT / "harness" / "kinds").glob("*.py")]:
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr")):
+                offenders.append(f"{p.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert offenders == []

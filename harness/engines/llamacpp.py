@@ -107,7 +107,10 @@ class LlamaCppRunner:
         self.name = name
         self.model = model
         opts = dict(options)
-        self.concurrency = int(opts.pop("c", concurrency))
+        try:
+            self.concurrency = int(opts.pop("c", concurrency))
+        except ValueError:
+            raise EngineRefused(f"candidate {name!r}: c must be a whole number") from None
         self.version = opts.pop("version", VERSION)
         try:
             llamacpp_dir(repo_root, self.version)

@@ -109,7 +109,9 @@ class Greedy:
         ev.update({"first": p, "gap_mnats": mn, "not_greedy": int(bad.size), "max_gap_mnats":
                    round(float(gap[bad].max()) * 1000, 1), "left_to_server": dict(self.left),
                    "request": dict(self.sent)})
-        prefix = self.decode(candidate.token_ids[:p])[-60:] if self.decode else ""
+        # ids a text-keyed server left unknown (negative) have no text of their own to show
+        known = [t for t in candidate.token_ids[:p] if t >= 0]
+        prefix = self.decode(known)[-60:] if self.decode else ""
         detail = "\n".join([
             f"{case.id}: greedy FAIL at token {p}/{n}: the engine did not decode greedily",
             f"  prefix     : {prefix!r}",

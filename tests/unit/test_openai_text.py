@@ -6,11 +6,13 @@ ambiguous texts flagged). The real llama.cpp server is in tests/integration/test
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from harness.api import Sampling
+from harness.compare.greedy import Greedy
 from harness.compare.kl import kl_topk_rest
 from harness.engines.openai import OpenAIRunner, parse_openai_spec
 from harness.engines.token_text import UNMAPPED, TokenTexts, token_bytes
@@ -213,3 +215,16 @@ def test_an_ambiguous_top_entry_is_the_chosen_token_when_text_and_logprob_both_m
     assert t.map_row(row, 3).ids.tolist() == [0, UNMAPPED, 3]
     assert t.map_row(row, 3, (" ", -1.5, 2)).ids.tolist() == [0, 2, 3]
     assert t.map_row(row, 3, (" ", -1.4, 2)).ids.tolist() == [0, UNMAPPED, 3]  # another logprob: not it
+
+
+def test_a_non_greedy_choice_after_an_unmapped_token_is_still_explained(workspace: Workspace) -> None:
+    model = resolve_model("tiny-llama", workspace)
+    g = read_golden(golden_dir(workspace.goldens, model, "smoke"), model_name="tiny-llama", suite_name="smoke")
+    case = g.cases[0]
+    out = g.outputs[case.id]
+    assert out.top_logprobs is not None and out.chosen_logprobs is not None
+    chosen = out.chosen_logprobs.copy()
+    chosen[3] = out.top_logprobs[3][1]
+    planted = out.with_tokens([out.token_ids[0], UNMAPPED, *out.token_ids[2:]])
+    v = Greedy(decode=model.decode).compare(None, replace(planted, chosen_logprobs=chosen), case)
+    assert v.status == "fail" and v.evidence["first"] == 3, v.summary

@@ -366,8 +366,8 @@ class OpenAIRunner:
         self.speed = Speed(c, len(cases), n_tok, wall, ttfts,
                            "http-stream" if self.protocol.stream else "http")
         if self.protocol.ids_from == "token_text" or self.protocol.top_from_text:
-            self._set_capabilities(unmapped={k: self._unmapped[k] for k in ("generated", "resolved", "top",
-                                                                            "missing")},
+            keys = ("generated", "resolved", "top", "missing", "ended_unnamed")
+            self._set_capabilities(unmapped={k: self._unmapped[k] for k in keys},
                                    notes=self.capabilities.notes + self._ambiguity_note())
         return outs
 
@@ -432,6 +432,9 @@ class OpenAIRunner:
         u = self._unmapped
         resolved = (f"; {u['resolved']} generated texts that several ids share resolved by retokenizing "
                     f"the completion" if u["resolved"] else "")
+        if u["ended_unnamed"]:
+            resolved += (f"; {u['ended_unnamed']} cases ended on an end-of-generation token the server does "
+                         f"not return (one token shorter than an oracle output that includes it)")
         if not (u["generated"] or u["top"] or u["missing"]):
             return ("token texts mapped to ids through the model's tokenizer: every text accounted for"
                     + resolved,)
@@ -678,6 +681,9 @@ class OpenAIRunner:
                     ids, resolved = self._retokenized(ids, r.lp_tokens, text)
                     self._unmapped["resolved"] += resolved
                 self._unmapped["generated"] += sum(t == UNMAPPED for t in ids)
+                # stopped, its last token no special one: the end-of-generation token was not shown
+                self._unmapped["ended_unnamed"] += (r.finish_reason == "stop"
+                                                    and (not ids or ids[-1] not in texts.special))
         else:
             return Output(case_id, (), text, finish_reason=r.finish_reason or "")
         k = proto.logprobs

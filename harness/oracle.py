@@ -48,7 +48,7 @@ def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin 
         raise GoldenError(f"cannot record goldens for {model.name}/{suite.name}: {why}. "
                           "Install the oracle with `make venv`, then "
                           + record_command(model.name, suite.name))
-    cases = suite.build_cases(model.encode)
+    cases = suite.build_cases(model.encode, model.limits)
     ws.runs.mkdir(parents=True, exist_ok=True)
     runner = make_runner(pin.engine, model, RunnerContext(run_dir=ws.runs, name=ORACLE))
     t0 = time.perf_counter()

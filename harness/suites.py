@@ -12,14 +12,23 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.api import Case, Sampling
 from harness.registry import unknown
 
+if TYPE_CHECKING:
+    from harness.models.arch import ModelLimits
+
 
 class SuiteError(ValueError):
     """A malformed suite file; the message names the file and the field."""
+
+
+class SuiteMismatch(SuiteError):
+    """A well-formed suite that cannot mean the same thing on this model (a token id outside its
+    vocabulary, a case longer than its context, more logprobs than it has tokens); the message names
+    the suite file, the case and the field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +69,10 @@ class Suite:
     def comparator(self, name: str) -> ComparatorSpec | None:
         return next((c for c in self.comparators if c.name == name), None)
 
-    def build_cases(self, encode: Callable[[str], Sequence[int]]) -> tuple[Case, ...]:
-        """Turn the case specs into token-id cases with the model's tokenizer ``encode``."""
+    def build_cases(self, encode: Callable[[str], Sequence[int]],
+                    limits: ModelLimits | None = None) -> tuple[Case, ...]:
+        """Turn the case specs into token-id cases with the model's tokenizer ``encode``; with the
+        model's ``limits``, refuse (:class:`SuiteMismatch`) what the model cannot run as written."""
         out = []
         for spec in self.cases:
             if spec.ids is not None:
@@ -74,7 +85,29 @@ class Suite:
             if not ids:
                 raise SuiteError(f"{self.path}: case {spec.id!r} encodes to zero tokens")
             out.append(Case(spec.id, ids, text, spec.tags))
+        if limits is not None:
+            self.check_fits(out, limits)
         return tuple(out)
+
+    def check_fits(self, cases: Sequence[Case], limits: ModelLimits) -> None:
+        """Raise :class:`SuiteMismatch` naming the first field the model cannot honour."""
+        vocab, k = limits.vocab_size, self.sampling.logprobs
+        if vocab is not None and k > vocab:
+            raise SuiteMismatch(f"{self.path} [sampling]: field 'logprobs' asks for {k} per position, "
+                                f"but the model's vocabulary has {vocab} tokens")
+        for case, spec in zip(cases, self.cases, strict=True):
+            if vocab is not None and (bad := [t for t in case.prompt_ids if not 0 <= t < vocab]):
+                raise SuiteMismatch(f"{self.path}: case {case.id!r} field 'ids' holds token {bad[0]}, "
+                                    f"outside the model's vocabulary of {vocab} tokens (ids 0..{vocab - 1})"
+                                    if spec.ids is not None else
+                                    f"{self.path}: case {case.id!r} field 'text' encodes to token {bad[0]}, "
+                                    f"outside the model's vocabulary of {vocab} tokens")
+            need = len(case.prompt_ids) + self.sampling.max_tokens
+            if need > limits.max_len:
+                raise SuiteMismatch(
+                    f"{self.path}: case {case.id!r} needs {len(case.prompt_ids)} prompt tokens + "
+                    f"[sampling] field 'max_tokens' {self.sampling.max_tokens} = {need} positions, "
+                    f"beyond the model's context of {limits.max_len}")
 
 
 def _need(d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:

@@ -34,6 +34,13 @@ class Workspace:
         return self.root / "reports" / "records"
 
     @property
+    def model_cache(self) -> Path:
+        """Models built on first use from pinned downloads (never committed): ``.cache/models/``,
+        or ``$HARNESS_MODEL_CACHE``, which several checkouts may share."""
+        env = os.environ.get("HARNESS_MODEL_CACHE")
+        return Path(env).resolve() if env else self.root / ".cache" / "models"
+
+    @property
     def runs(self) -> Path:
         """Scratch folders of individual runs (engine logs, plots); not committed."""
         return self.root / "reports" / "runs"

@@ -218,10 +218,19 @@ def _tokenizer_json(w: Any, model_dir: Path, cfg: Mapping[str, Any]) -> str:
     if not tj.exists():
         raise GGUFExportError(f"{model_dir}: no tokenizer.json and no source GGUF to copy a tokenizer from")
     t = json.loads(tj.read_text())
+    from harness.models.gguf import PRE_TOKENIZERS
+
     model = t.get("model") or {}
-    if model.get("type") != "BPE" or (t.get("pre_tokenizer") or {}).get("type") != "ByteLevel":
-        raise GGUFExportError(f"{tj}: only byte-level BPE tokenizers are written (this one: "
-                              f"{model.get('type')}, {(t.get('pre_tokenizer') or {}).get('type')})")
+    pre = t.get("pre_tokenizer") or {}
+    # the HF pre-tokenizers llama.cpp has a name for (harness.models.gguf maps them the other way)
+    pre_name = next((name for name, hf in PRE_TOKENIZERS.items() if hf == pre), None)
+    if pre_name is None and pre.get("type") == "ByteLevel" and pre.get("use_regex", True) \
+            and not pre.get("add_prefix_space"):
+        pre_name = "gpt-2"
+    if model.get("type") != "BPE" or pre_name is None:
+        raise GGUFExportError(f"{tj}: only byte-level BPE tokenizers whose pre-tokenizer llama.cpp names "
+                              f"are written (this one: {model.get('type')}, {pre.get('type')}); serve "
+                              f"the model's own GGUF (llamacpp:gguf=<path>)")
     vocab: dict[str, int] = dict(model["vocab"])
     added = {int(a["id"]): a for a in t.get("added_tokens", [])}
     for i, a in added.items():
@@ -237,10 +246,6 @@ def _tokenizer_json(w: Any, model_dir: Path, cfg: Mapping[str, Any]) -> str:
         if i < size:
             types[i] = gguf.TokenType.CONTROL if a.get("special") else gguf.TokenType.USER_DEFINED
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    pre = t["pre_tokenizer"]
-    # a lone ByteLevel pre-tokenizer with its regex is GPT-2's split, which llama.cpp calls "gpt-2";
-    # anything else gets llama.cpp's default split (the tokenizer verdict then shows where it differs)
-    pre_name = "gpt-2" if pre.get("use_regex", True) and not pre.get("add_prefix_space") else "default"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre_name)
     w.add_token_list(tokens)

@@ -59,10 +59,37 @@ N_CTX = 4096
 START_TIMEOUT_S = float(os.environ.get("HARNESS_LLAMACPP_START_TIMEOUT_S", "600"))
 
 
-def source_gguf(model: ModelRef) -> Path | None:
-    """The GGUF ``model`` was built from: the one ``*.gguf`` file in its folder, if any."""
-    found = sorted(Path(model.path).glob("*.gguf")) if Path(model.path).is_dir() else []
-    return found[0] if len(found) == 1 else None
+def gguf_sources() -> Mapping[str, Any]:
+    """Named models built from a GGUF file in a pinned PyPI wheel -> that pin (harness.models)."""
+    from harness.models.named import SMOLLM2_WHEEL
+
+    return {"smollm2-135m": SMOLLM2_WHEEL}
+
+
+def source_gguf(model: ModelRef, scratch: Path | None = None) -> Path | None:
+    """The GGUF ``model`` was built from: the one ``*.gguf`` file in its folder, else — for a named
+    model built from a pinned wheel — that wheel's member, taken from the model cache's download
+    (checked against its pinned sha256) into ``scratch``; None when there is none."""
+    folder = Path(model.path)
+    found = sorted(folder.glob("*.gguf")) if folder.is_dir() else []
+    if len(found) == 1:
+        return found[0]
+    pin = gguf_sources().get(model.name)
+    if pin is None or scratch is None:
+        return None
+    from harness.models.built import extract_member, fetch_wheel
+
+    dest = scratch / f"{model.slug}-source-{pin.member_sha256[:12]}.gguf"
+    if not dest.exists():
+        scratch.mkdir(parents=True, exist_ok=True)
+        wheel = fetch_wheel(pin, folder.parent)  # built models live in the model cache, downloads beside
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        try:
+            extract_member(pin, wheel, tmp)
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return dest
 
 
 def gguf_type(path: Path) -> str:
@@ -199,7 +226,10 @@ class LlamaCppRunner:
 
     def _gguf(self) -> GGUFFile:
         choice = self.gguf_choice
-        source = source_gguf(self.model)
+        try:
+            source = source_gguf(self.model, self.run_dir / "gguf" if self.run_dir else None)
+        except Exception as e:  # noqa: BLE001 - a missing or corrupt download is the engine's failure
+            raise EngineFailed(f"{self.name}: the GGUF {self.model.name} was built from: {e}") from None
         if choice in KINDS:
             if self.run_dir is None:
                 raise EngineRefused(f"{self.name}: gguf={choice} needs a run folder to write the GGUF in")
@@ -212,7 +242,8 @@ class LlamaCppRunner:
         if path is None or not path.is_file():
             raise EngineRefused(
                 f"{self.name}: gguf={choice}: " + (f"no such file {choice}" if choice.endswith(".gguf") else
-                f"{self.model.name} has no GGUF it was built from (one *.gguf in {self.model.path}); "
+                f"{self.model.name} has no GGUF it was built from (a *.gguf in its folder, or a "
+                f"named model built from one); "
                 f"use gguf=f32, gguf=f16 or gguf=<path>"))
         kind = gguf_type(path)
         if choice not in ("source",) and not choice.endswith(".gguf") and kind != choice.lower():

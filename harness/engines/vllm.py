@@ -38,13 +38,10 @@ START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "900"))
 
 
 def default_engine_settings(model: ModelRef) -> dict[str, Any]:
-    """LLM(...) kwargs every vLLM run starts from; CPU attention needs block_size % 32 == 0."""
-    max_len = 2048
-    cfg = Path(model.path) / "config.json"
-    if cfg.exists():
-        max_len = min(int(json.loads(cfg.read_text()).get("max_position_embeddings", max_len)), 4096)
+    """LLM(...) kwargs every vLLM run starts from; CPU attention needs block_size % 32 == 0. The
+    context is the one suites are checked against (``ModelRef.limits``)."""
     return {"dtype": "float32", "block_size": 32, "gpu_memory_utilization": DEFAULT_MEM_FRACTION,
-            "max_model_len": max_len, "seed": 0}
+            "max_model_len": model.limits.max_len, "seed": 0}
 
 
 class VLLMRunner:

@@ -84,6 +84,11 @@ def _kv_groups(runs: Sequence[ModelRun]) -> str:
     return _join(r.lr.record.model.get("kv_cache_groups") for r in runs)
 
 
+def _attention(rec: Any) -> str:
+    """The record's attention facts, with the experts of a mixture-of-experts model."""
+    return "; ".join(filter(None, (rec.model.get("attention", "—"), rec.model.get("experts"))))
+
+
 def _links(runs: Sequence[ModelRun]) -> str:
     return ", ".join(f"[{i + 1}]({r.lr.path})" for i, r in enumerate(runs))
 
@@ -115,7 +120,7 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
         suites = _join(f"{x.suite.get('name')} v{x.suite.get('version')}" for x in recs)
         cited += [r.lr.path for r in vs]
         out.append(f"| {md(m)} | {md(recs[0].model.get('architecture', '—'))} | "
-                   f"{md(recs[0].model.get('attention', '—'))} | {md(_kv_groups(vs))} | "
+                   f"{md(_attention(recs[0]))} | {md(_kv_groups(vs))} | "
                    f"{_vllm_versions(vs)} | {md(_join(device_class(x) for x in recs))} | {suites} | "
                    f"{md(cands)} | {_links(vs)} |")
     if not any(verified.values()):
@@ -136,7 +141,7 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
         recs = [r.lr.record for r in rs]
         cited += [r.lr.path for r in rs]
         out.append(f"| {md(m)} | {md(recs[0].model.get('architecture', '—'))} | "
-                   f"{md(recs[0].model.get('attention', '—'))} | {md(conn)} | "
+                   f"{md(_attention(recs[0]))} | {md(conn)} | "
                    f"{_join(x.candidate.version for x in recs)} | "
                    f"{_join(x.candidate.settings.get('chunk_size') for x in recs)} | "
                    f"{_join(x.candidate.settings.get('block_size') for x in recs)} | {_links(rs)} |")

@@ -223,7 +223,7 @@ class AB:
         if not req.reference:
             raise SuiteError(f"{req.suite.path}: an A/B suite needs a reference configuration "
                              f"(harness ab --a SPEC --b SPEC, make ab A=... B=...)")
-        cases = req.suite.build_cases(req.model.encode)
+        cases = req.suite.build_cases(req.model.encode, req.model.limits)
         return Prepared(cases, same_decode_path(req.reference, req.candidate), req.candidate,
                         _accuracy_plan(req.suite))
 

@@ -1,4 +1,5 @@
-"""Models a gate can run: the committed tiny ones, any local HF checkpoint, or a hub id.
+"""Models a gate can run: a named one (:mod:`harness.models.named`: the committed tiny families and
+trained models built on first use), any local HF checkpoint, or a hub id.
 
 A model is named in records and goldens by name *and* content digest: a result is only true of
 the weights it ran on.
@@ -6,20 +7,20 @@ the weights it ran on.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from harness.models.arch import ModelLimits
+from harness.models.built import ModelBuildError
+from harness.models.digest import DIGEST_GLOBS, content_digest
+from harness.models.named import MODELS, ModelInfo
 from harness.registry import UnknownName, unknown
 from harness.workspace import Workspace
 
-# Files whose bytes define a model's behaviour (weights, config, tokenizer).
-DIGEST_GLOBS = ("config.json", "generation_config.json", "*.safetensors", "*.bin",
-                "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                "special_tokens_map.json")
-
+__all__ = ["DIGEST_GLOBS", "MODELS", "ModelBuildError", "ModelInfo", "ModelLimits", "ModelRef",
+           "builtin_models", "content_digest", "known_digest", "resolve_model"]
 
 @dataclass(frozen=True)
 class ModelRef:
@@ -53,31 +54,39 @@ class ModelRef:
         tok = self._tokenizer
         return lambda ids: tok.decode(list(ids), skip_special_tokens=False)
 
+    @cached_property
+    def limits(self) -> ModelLimits:
+        """Vocabulary and context the suites must fit in (from config.json)."""
+        return ModelLimits.of(self.path)
+
     @property
     def slug(self) -> str:
         """A folder-safe name for goldens/records."""
         return self.name.strip("/").replace("/", "--")
 
 
-def content_digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    files = sorted({p for g in DIGEST_GLOBS for p in folder.glob(g) if p.is_file()})
-    if not files:
-        raise FileNotFoundError(f"{folder}: no model files (config.json, *.safetensors) found")
-    for p in files:
-        h.update(p.name.encode() + b"\0")
-        with p.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def builtin_models(ws: Workspace) -> list[str]:
-    return sorted(p.name for p in ws.models.glob("*") if (p / "config.json").exists())
+    """Every name ``--model`` accepts without a path: the registered models, and any other folder
+    under ``models/`` holding a checkpoint."""
+    extra = {p.name for p in ws.models.glob("*") if (p / "config.json").exists()}
+    return sorted(set(MODELS.names()) | extra)
+
+
+def known_digest(name: str, ws: Workspace) -> str | None:
+    """The digest ``name`` resolves to, without building anything: a committed folder's content
+    digest, a built model's pinned one; None for anything else."""
+    if name in MODELS and (info := MODELS.entry(name).meta).source == "built":
+        return info.digest
+    folder = ws.models / name
+    return content_digest(folder) if (folder / "config.json").exists() else None
 
 
 def resolve_model(name: str, ws: Workspace) -> ModelRef:
-    """``name`` as a committed model, a local checkpoint folder, or a hub id (``org/name``)."""
+    """``name`` as a registered model (built on first use if it is a built one), a folder under
+    ``models/``, a local checkpoint folder, or a hub id (``org/name``)."""
+    if name in MODELS:
+        folder = MODELS.get(name)(ws)
+        return ModelRef(name, str(folder), content_digest(folder))
     builtin = ws.models / name
     if (builtin / "config.json").exists():
         return ModelRef(name, str(builtin), content_digest(builtin))
@@ -92,7 +101,7 @@ def resolve_model(name: str, ws: Workspace) -> ModelRef:
         except Exception as e:  # noqa: BLE001 - any hub failure gets the same explanation
             raise UnknownName(
                 f"model {name!r} looks like a hub id but could not be fetched ({type(e).__name__}: "
-                f"{str(e)[:200]}). Without a hub, use a committed model "
+                f"{str(e)[:200]}). Without a hub, use a named model "
                 f"({', '.join(builtin_models(ws))}) or a local checkpoint folder.") from None
         return ModelRef(name, str(snap), content_digest(snap))
     raise unknown("model", name, builtin_models(ws))

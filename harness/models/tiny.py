@@ -1,12 +1,21 @@
 """Build the tiny, hub-free models bit-identically.
 
-``tiny-llama`` is a LlamaForCausalLM (2 layers, hidden 128, 2 heads of head_dim 64, 1 KV head,
-vocab 512, fp32) with random weights drawn from numpy's PCG64 (stable across numpy versions) and a
-byte-level BPE tokenizer trained here on :mod:`harness.models.corpus`. The weights are scaled so the
-model is decisive: the median top-1/top-2 logprob gap of its greedy tokens is well above 1 nat, so
-its greedy outputs are not all near-ties (``python -m harness.models.tiny --gap`` measures it).
+One small model per architecture family (:mod:`harness.models.families`), all fp32 with head_dim 64,
+vocab 512, random weights drawn from numpy's PCG64 (stable across numpy versions) and one byte-level
+BPE tokenizer trained here on :mod:`harness.models.corpus`:
 
-The files are committed under ``models/tiny-llama``; ``check`` rebuilds them in a temporary folder
+* ``tiny-llama``   LlamaForCausalLM, 2 layers, hidden 128, 2 query heads / 1 KV head;
+* ``tiny-qwen3``   Qwen3ForCausalLM: the same shape plus q/k norm;
+* ``tiny-gemma3``  Gemma3ForCausalLM: 2 sliding-window (64 tokens) + 1 full-attention layer, so vLLM
+  keeps several KV-cache groups;
+* ``tiny-gpt2``    GPT2LMHeadModel: LayerNorm, GELU MLP, learned positions (2048), MHA;
+* ``tiny-qwen3-moe`` Qwen3MoeForCausalLM: 4 experts, 2 routed per token.
+
+The output projection is scaled so each model is decisive: the median top-1/top-2 logprob gap of
+its greedy tokens on the smoke suite is well above 1 nat, so its greedy outputs are not all near-ties
+(``python -m harness.models.tiny NAME --out models/NAME --gap`` measures it with transformers).
+
+The files are committed under ``models/<name>``; ``check`` rebuilds them in a temporary folder
 and compares digests, so the committed copy can never silently drift from this script.
 """
 
@@ -28,6 +37,9 @@ from harness.models.corpus import CORPUS
 @dataclass(frozen=True, slots=True)
 class TinySpec:
     name: str
+    family: str = "llama"
+    """A key of :data:`harness.models.families.FAMILIES`."""
+    summary: str = ""
     vocab_size: int = 512
     hidden_size: int = 128
     intermediate_size: int = 384
@@ -40,14 +52,38 @@ class TinySpec:
     """Std of the hidden projections' weights."""
     embed_std: float = 1.0
     lm_head_std: float = 0.6
-    """Scales the logits: larger means a more decisive model (bigger top-1/top-2 gaps)."""
+    """Scales the logits: larger means a more decisive model (bigger top-1/top-2 gaps). Tied
+    families draw their embeddings with it."""
+    layer_types: tuple[str, ...] = ()
+    """Per layer: ``full_attention`` or ``sliding_attention`` (families with both)."""
+    sliding_window: int | None = None
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    router_std: float = 0.5
+    position_std: float = 0.1
+    post_norm_scale: float = 1.0
+    """Gemma: the scale ``1 + w`` of the norms after the attention and MLP blocks."""
+    """Std of learned absolute position embeddings (GPT-2)."""
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
 
-SPECS: dict[str, TinySpec] = {"tiny-llama": TinySpec("tiny-llama")}
+SPECS: dict[str, TinySpec] = {s.name: s for s in (
+    TinySpec("tiny-llama", summary="Llama: RMSNorm, SwiGLU, rotary, GQA 2q/1kv"),
+    TinySpec("tiny-qwen3", "qwen3", "Qwen3: Llama + per-head q/k RMSNorm", seed=20261201),
+    TinySpec("tiny-gemma3", "gemma3", "Gemma-3: 2 sliding-window (64) + 1 full-attention layer, "
+             "q/k norm, GeGLU, tied", num_layers=3, seed=20261202,
+             layer_types=("sliding_attention", "sliding_attention", "full_attention"), sliding_window=64,
+             lm_head_std=0.3, post_norm_scale=8.0),
+    TinySpec("tiny-gpt2", "gpt2", "GPT-2: LayerNorm, GELU MLP, learned positions, MHA, tied",
+             num_kv_heads=2, intermediate_size=512, max_position_embeddings=2048, seed=20261203,
+             init_std=0.2),
+    TinySpec("tiny-qwen3-moe", "qwen3_moe", "Qwen3-MoE: 4 experts, top-2 routing, q/k norm",
+             num_experts=4, experts_per_token=2, moe_intermediate_size=128, seed=20261204),
+)}
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<unk>")
 BUILD_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -82,60 +118,27 @@ def _train_tokenizer(spec: TinySpec, out: Path) -> None:
 
 
 def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
+    from harness.models.families import FAMILIES
+
     rng = np.random.Generator(np.random.PCG64(spec.seed))
-    h, i, v, d = spec.hidden_size, spec.intermediate_size, spec.vocab_size, spec.head_dim
 
     def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
         return (rng.standard_normal(shape) * std).astype(np.float32)
 
-    w: dict[str, np.ndarray] = {"model.embed_tokens.weight": normal((v, h), spec.embed_std)}
-    for layer in range(spec.num_layers):
-        p = f"model.layers.{layer}."
-        w[p + "input_layernorm.weight"] = np.ones(h, np.float32)
-        w[p + "post_attention_layernorm.weight"] = np.ones(h, np.float32)
-        w[p + "self_attn.q_proj.weight"] = normal((spec.num_heads * d, h), spec.init_std)
-        w[p + "self_attn.k_proj.weight"] = normal((spec.num_kv_heads * d, h), spec.init_std)
-        w[p + "self_attn.v_proj.weight"] = normal((spec.num_kv_heads * d, h), spec.init_std)
-        w[p + "self_attn.o_proj.weight"] = normal((h, spec.num_heads * d), spec.init_std)
-        w[p + "mlp.gate_proj.weight"] = normal((i, h), spec.init_std)
-        w[p + "mlp.up_proj.weight"] = normal((i, h), spec.init_std)
-        w[p + "mlp.down_proj.weight"] = normal((h, i), spec.init_std)
-    w["model.norm.weight"] = np.ones(h, np.float32)
-    lm_head = normal((v, h), spec.lm_head_std)
-    lm_head[: len(SPECIAL_TOKENS)] = 0.0  # special tokens never win: generations run to max_tokens
-    w["lm_head.weight"] = lm_head
-    return w
+    return FAMILIES[spec.family].weights(spec, normal)
 
 
 def build(name: str, out: Path) -> Path:
     """Write the model ``name`` into ``out`` (created) and return it."""
     from safetensors.numpy import save_file
 
+    from harness.models.families import FAMILIES
+
     spec = SPECS[name]
     out.mkdir(parents=True, exist_ok=True)
     _train_tokenizer(spec, out)
     save_file(_weights(spec), str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": spec.vocab_size,
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": spec.max_position_embeddings,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-        "bos_token_id": 0,
-        "eos_token_id": 1,
-    }
+    config = FAMILIES[spec.family].config(spec)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1}, indent=2, sort_keys=True) + "\n")
@@ -156,12 +159,46 @@ def check(name: str, committed: Path) -> list[str]:
             if have[f] != fresh[f]]
 
 
+def greedy_gaps(folder: Path, prompts: list[list[int]], max_tokens: int = 32) -> np.ndarray:
+    """Top-1 minus top-2 logprob of every greedy token transformers generates from ``prompts``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    gaps = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        with torch.inference_mode():
+            g = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_tokens,
+                               do_sample=False, output_logits=True, return_dict_in_generate=True)
+        lp = torch.log_softmax(torch.stack(g.logits, 1)[0].float(), -1)
+        top2 = lp.topk(2, -1).values
+        gaps.append((top2[:, 0] - top2[:, 1]).numpy())
+    return np.concatenate(gaps)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name", choices=sorted(SPECS))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--check", action="store_true", help="rebuild and compare with --out")
+    ap.add_argument("--gap", action="store_true",
+                    help="measure the top-1/top-2 logprob gaps of --out's greedy tokens on the smoke "
+                         "suite (transformers)")
     args = ap.parse_args(argv)
+    if args.gap:
+        from tokenizers import Tokenizer
+
+        from harness.suites import find_suite
+        from harness.workspace import Workspace
+
+        tok = Tokenizer.from_file(str(args.out / "tokenizer.json"))
+        suite = find_suite(Workspace.default().suites, "smoke")
+        cases = suite.build_cases(lambda t: tok.encode(t, add_special_tokens=False).ids)
+        gaps = greedy_gaps(args.out, [list(c.prompt_ids) for c in cases], suite.sampling.max_tokens)
+        print(f"{args.name}: {gaps.size} greedy tokens, median top-1/top-2 gap {np.median(gaps):.3f} "
+              f"nats, {(gaps < 0.5).sum()} below 0.5")
+        return 0
     if args.check:
         diffs = check(args.name, args.out)
         for d in diffs:

@@ -98,9 +98,8 @@ def test_make_gate_front_door_prints_the_table_and_writes_a_record(
     from harness.records import iter_record_paths
 
     monkeypatch.setenv("HARNESS_ROOT", str(workspace.root))
-    # --no-oracle-speed: the oracle's timing costs one more vLLM start; test_openai_vllm_server covers it
-    assert main(["gate", "--model", "tiny-llama", "--suite", "smoke", "--candidate", "hf",
-                 "--no-oracle-speed"]) == 0
+    # the oracle's timing is opt-in (--speed; one more vLLM start): test_openai_vllm_server covers it
+    assert main(["gate", "--model", "tiny-llama", "--suite", "smoke", "--candidate", "hf"]) == 0
     out = capsys.readouterr().out
     assert "outcome: pass" in out and "near_tie" in out and "c08" in out
     assert len(list(iter_record_paths(workspace.records))) == 1

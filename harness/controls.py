@@ -220,9 +220,22 @@ def golden_checks(key: str, needs: Needs, oracles: Sequence[Output]) -> list[Con
         fatal.append(f"k={ks[0]}, {key} needs k >= {needs.min_k}")
     if have:
         mass = np.concatenate([np.exp(r[1]).sum(axis=1) for r in have.values()])
+        full = [o for o in oracles if o.full_logprobs is not None]
         if mass.size and float(mass.max()) > 1.0 + 1e-3:
             fatal.append(f"top-{ks[-1]} probabilities sum to {float(mass.max()):.3g} > 1: "
                          "not a distribution (an all-zero logprob array?)")
+        elif full:
+            from harness.compare.full import FULL_MASS_TOL, row_lse
+
+            lse = np.concatenate([row_lse(o.full_logprobs[: len(o.token_ids)]) for o in full])
+            lacking = [o.case_id for o in oracles if o.full_logprobs is None and o.case_id in have]
+            if lse.size and not float(np.abs(np.expm1(lse)).max()) <= FULL_MASS_TOL:
+                fatal.append(f"full-vocab rows are not distributions: mass {float(np.exp(lse.min())):.6g}"
+                             f"..{float(np.exp(lse.max())):.6g} (rows never written?)")
+            elif needs.full_vocab and lacking:
+                fatal.append(f"{key} needs full-vocab logprobs; {_short(lacking)} hold top-{ks[-1]} only")
+            else:
+                flags.append(f"full-vocab rows: {full[0].full_logprobs.shape[1]} ids")
         elif needs.full_vocab and mass.size and float(np.abs(mass - 1).max()) > 1e-4:
             fatal.append(f"{key} needs full-vocab logprobs; the goldens hold top-{ks[-1]} "
                          f"(mass {float(mass.min()):.3g}..{float(mass.max()):.3g})")
@@ -245,7 +258,7 @@ def golden_checks(key: str, needs: Needs, oracles: Sequence[Output]) -> list[Con
 def _copy(o: Output, **kw: Any) -> Output:
     d = dict(case_id=o.case_id, token_ids=o.token_ids, text=o.text, top_ids=o.top_ids,
              top_logprobs=o.top_logprobs, chosen_logprobs=o.chosen_logprobs,
-             finish_reason=o.finish_reason, error=o.error)
+             finish_reason=o.finish_reason, error=o.error, full_logprobs=o.full_logprobs)
     d.update(kw)
     return Output(**d)
 
@@ -407,8 +420,113 @@ def _with_logprobs(oracle: Output, lp: np.ndarray) -> Output:
     return _copy(oracle, top_logprobs=lp.astype(np.float32), chosen_logprobs=chosen)
 
 
+# Whole distributions ([T, V] full_logprobs): the same mutations, planted in slices of rows so that
+# a 49k-256k vocabulary never needs a float64 copy of a case, with the reference figures written
+# out in closed form (not through harness.compare.full).
+
+
+def _with_full(oracle: Output, c_full: np.ndarray) -> Output:
+    """A copy of ``oracle`` whose whole distributions are ``c_full``: top-k rows and chosen logprobs
+    recomputed from it, so the copy is self-consistent."""
+    from harness.compare.full import at, topk
+
+    k = int(np.asarray(oracle.top_ids).shape[1]) if oracle.top_ids is not None else 5
+    ids, lps = topk(c_full, k)
+    tok = np.asarray(oracle.token_ids[: len(c_full)], np.int64)
+    return _copy(oracle, top_ids=ids, top_logprobs=lps, full_logprobs=c_full,
+                 chosen_logprobs=at(c_full, tok).astype(np.float32))
+
+
+def _top1(full: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(argmax id, its probability) of rows ``[:n]``."""
+    top = np.asarray(full[:n]).argmax(axis=1)
+    return top, np.exp(np.asarray(full[np.arange(n), top], np.float64))
+
+
+def _lower_top1(full: np.ndarray, n: int, d: np.ndarray) -> np.ndarray:
+    """Rows ``[:n]`` with the top-1 logprob lowered by ``d[t]`` nats and renormalised (float32).
+
+    Lowering one entry by d and renormalising subtracts ``L = log(1 - p1 (1 - e^-d))`` from every
+    entry and d more from the top one, so the reference KL is ``p1 d + L`` per row."""
+    top, p1 = _top1(full, n)
+    shift = np.log1p(-p1 * -np.expm1(-d))
+    c = np.array(full[:n], np.float32, copy=True)
+    c -= shift.astype(np.float32)[:, None]
+    c[np.arange(n), top] -= d.astype(np.float32)
+    return c
+
+
+def _reference_kl_top1(full: np.ndarray, n: int, d: np.ndarray) -> np.ndarray:
+    _, p1 = _top1(full, n)
+    return p1 * d + np.log1p(-p1 * -np.expm1(-d))
+
+
+def _plant_full_kl(comp: Any, oracle: Output) -> Planted | str:
+    full = oracle.full_logprobs
+    assert full is not None
+    n = min(len(oracle.token_ids), len(full))
+    if n == 0:
+        return "the golden generation is empty"
+    bar = float(comp.max_mean)
+    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+        kl = float(_reference_kl_top1(full, n, np.full(n, d)).mean())
+        if kl >= OVER_BAR * bar:
+            return Planted(oracle, _with_full(oracle, _lower_top1(full, n, np.full(n, d))),
+                           f"top-1 lowered by {d:g} nats in the full rows: reference mean KL {kl:.3g} >= "
+                           f"{OVER_BAR:g}x bar {bar:g}")
+    return f"no shift of the top-1 reaches {OVER_BAR:g}x the KL bar (the top token carries no mass?)"
+
+
+def _noisy_full(full: np.ndarray, n: int, s: float, seed: int = 0) -> tuple[np.ndarray, float]:
+    """Rows ``[:n]`` plus ``s`` x standard normal noise, renormalised, and their reference NMSE
+    against the rows (both in float64 slices of about 2^18 values)."""
+    out = np.empty((n, full.shape[1]), np.float32)
+    num = den = 0.0
+    rng = np.random.default_rng(seed)
+    step = max(1, (1 << 18) // full.shape[1])
+    for lo in range(0, n, step):
+        ref = np.asarray(full[lo:min(n, lo + step)], np.float64)
+        x = _log_softmax(ref + s * rng.standard_normal(ref.shape))
+        out[lo:lo + len(ref)] = x
+        num += float(((x - ref) ** 2).sum())
+        den += float((ref**2).sum())
+    return out, (num / den if den else float("inf"))
+
+
+def _plant_full_nmse(comp: Any, oracle: Output) -> Planted | str:
+    full = oracle.full_logprobs
+    assert full is not None
+    n = min(len(oracle.token_ids), len(full))
+    if n == 0:
+        return "the golden generation is empty"
+    bar = float(comp.max_nmse)
+    for s in (1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0):
+        c, v = _noisy_full(full, n, s)
+        if v >= OVER_BAR * bar:
+            return Planted(oracle, _with_full(oracle, c),
+                           f"noise {s:g} on the full rows: reference NMSE {v:.3g} >= {OVER_BAR:g}x "
+                           f"bar {bar:g}")
+    return f"no perturbation reaches {OVER_BAR:g}x the NMSE bar"
+
+
+def _plant_full_ramp(comp: Any, oracle: Output, n: int) -> Planted | str:
+    full = oracle.full_logprobs
+    assert full is not None
+    bar = float(comp.max_slope_per_1k)
+    ramp = np.arange(n) / (n - 1)
+    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+        slope = float(np.polyfit(np.arange(n), _reference_kl_top1(full, n, d * ramp), 1)[0]) * 1000
+        if slope >= OVER_BAR * max(bar, 0.0):
+            return Planted(oracle, _with_full(oracle, _lower_top1(full, n, d * ramp)),
+                           f"top-1 lowered by a 0..{d:g} nats ramp in the full rows: reference slope "
+                           f"{slope:.3g} nats/1k >= {OVER_BAR:g}x bar {bar:g}")
+    return f"no ramp reaches {OVER_BAR:g}x the slope bar"
+
+
 def plant_kl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:
     """Lower the top-1 logprob at every position by d nats (renormalised when full-vocab)."""
+    if oracle.full_logprobs is not None:
+        return _plant_full_kl(comp, oracle)
     r = _rows(oracle)
     if r is None:
         return "the golden has no logprobs"
@@ -441,6 +559,8 @@ def reference_nmse(ref: np.ndarray, x: np.ndarray) -> float:
 
 
 def plant_nmse_noise(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if oracle.full_logprobs is not None:
+        return _plant_full_nmse(comp, oracle)
     r = _rows(oracle)
     if r is None:
         return "the golden has no logprobs"
@@ -492,6 +612,8 @@ def plant_drift_ramp(comp: Any, case: Case, oracle: Output) -> Planted | str:
     n = min(len(oracle.token_ids), len(lp))
     if n < int(comp.min_positions):
         return f"{n} positions, fewer than the {comp.min_positions} drift needs"
+    if oracle.full_logprobs is not None:
+        return _plant_full_ramp(comp, oracle, n)
     lp = lp[:n]
     bar = float(comp.max_slope_per_1k)
     full = _full_vocab(lp)

@@ -1,4 +1,4 @@
-"""pytest plugin: gate an engine from your own test suite.
+"""pytest plugin: gate an engine from your own test suite, or run a matrix file as pytest items.
 
 Installed with the package (entry point ``pytest11``). In a test::
 
@@ -8,12 +8,21 @@ Installed with the package (entry point ``pytest11``). In a test::
 ``parity_gate`` runs the gate, writes its record, and fails the test with every failing verdict's
 explanation when the outcome is not ``pass``. ``--parity-root`` points at a harness workspace
 (suites/, goldens/, models/, reports/); the default is the installed harness's repository.
+
+``pytest --harness-matrix fleet.toml [--harness-shard I/N] [--harness-device cpu|cuda|all]`` makes
+every entry of the matrix file (of this machine's device kind, of shard I of N) one pytest item:
+``-n auto`` (pytest-xdist) runs entries in parallel, ``--junitxml`` gives one JUnit case per entry
+with its record, outcome and timings as properties. An entry the matrix expects to fail
+(``expect = "fail"``) is an ``xfail`` that turns into a failure if it passes or fails otherwise.
+Given alone, ``--harness-matrix`` replaces the configured test paths: only the matrix runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +36,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--parity-root", default=None, help="harness workspace (suites/, goldens/, reports/)")
     g.addoption("--parity-no-record", action="store_true",
                 help="fail instead of recording missing goldens with the oracle")
+    g.addoption("--harness-matrix", default=None, metavar="FILE",
+                help="run every entry of this matrix file (fleet.toml) as a pytest item")
+    g.addoption("--harness-shard", default=None, metavar="I/N",
+                help="only the entries of shard I of N (balanced by recorded durations)")
+    g.addoption("--harness-device", default="auto", choices=["auto", "cpu", "cuda", "all"],
+                help="which device kind's entries to run (auto: cuda when a GPU is visible, else cpu)")
 
 
 def failure_report(rec: Record) -> str:
@@ -57,3 +72,127 @@ def parity_gate(request: pytest.FixtureRequest, parity_workspace: Workspace) -> 
         return rec
 
     return gate
+
+
+# ---------------------------------------------------------------------------------------------
+# the matrix file as pytest items
+
+MATRIX = pytest.StashKey[Path]()
+SELECTION = pytest.StashKey[str]()
+
+
+def _workspace(config: pytest.Config) -> Workspace:
+    root = config.getoption("--parity-root")
+    return Workspace(Path(root).resolve()) if root else Workspace.default()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    name = config.getoption("--harness-matrix")
+    if not name:
+        return
+    path = Path(name).resolve()
+    if not path.is_file():
+        raise pytest.UsageError(f"--harness-matrix {name}: no such file")
+    if config.getoption("--harness-shard") and config.getoption("--harness-device") == "all":
+        raise pytest.UsageError("--harness-shard needs one device kind (--harness-device cpu|cuda): "
+                                "each device's entries are sharded on their own")
+    config.stash[MATRIX] = path
+    _share_cores()
+    if config.args_source != pytest.Config.ArgsSource.ARGS:
+        config.args = [str(path)]  # the matrix alone, not the configured test paths
+    elif str(path) not in {str(Path(a).resolve()) for a in config.args}:
+        config.args.append(str(path))
+
+
+def _share_cores() -> None:
+    """Under pytest-xdist, give each worker its share of the cores for torch's threads (set before
+    torch is imported): N workers each spinning up every core's worth of threads only contend."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and workers.isdigit() and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // int(workers)))
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if parent.config.stash.get(MATRIX, None) == file_path:
+        return MatrixFile.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
+    return config.stash.get(SELECTION, None)
+
+
+class EntryFailed(Exception):
+    """An entry's gate did not come out as the matrix expects (the message is the whole report)."""
+
+
+class ExpectedOutcome(Exception):
+    """An entry the matrix expects to fail (or be refused) did exactly that: reported as xfail."""
+
+
+class MatrixFile(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        from harness.fleet.machine import this_machine
+        from harness.fleet.plan import describe, make_plan
+        from harness.fleet.shard import ShardError
+        from harness.fleet.spec import MatrixError
+
+        config = self.config
+        device = config.getoption("--harness-device")
+        if device == "auto":
+            device = this_machine().kind
+        shard = config.getoption("--harness-shard")
+        try:
+            plan = make_plan(self.path, _workspace(config).root)
+            chosen = plan.entries(device, shard)
+        except (MatrixError, ShardError) as e:
+            raise self.CollectError(str(e)) from None
+        config.stash[SELECTION] = (f"harness matrix {self.path.name}: {describe(plan, device, chosen)}"
+                                   + (f", shard {shard}" if shard else ""))
+        for p in sorted(chosen, key=lambda p: (-p.estimate.seconds, p.entry.id)):  # longest first
+            yield MatrixItem.from_parent(self, name=p.entry.id, planned=p)
+
+
+class MatrixItem(pytest.Item):
+    def __init__(self, *, planned: Any, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.planned = planned
+        e = planned.entry
+        self.extra_keyword_matches.update({e.device, e.kind, e.group})
+        if e.expect != "pass":
+            self.add_marker(pytest.mark.xfail(raises=ExpectedOutcome, strict=True,
+                                              reason=f"expected {e.expect}: {e.because}"))
+
+    def runtest(self) -> None:
+        from harness.fleet.machine import this_machine
+        from harness.fleet.run import run_entry
+
+        e = self.planned.entry
+        self.user_properties += [("estimate_s", self.planned.estimate.seconds),
+                                 ("estimate_from", self.planned.estimate.source),
+                                 ("shard", f"{self.planned.shard[0]}/{self.planned.shard[1]}")]
+        why = this_machine().lacks(e.gpus, e.gpu_memory_gib)
+        if why:
+            raise EntryFailed(f"{e.id}: {why}")
+        ws = _workspace(self.config)
+        res = run_entry(ws, e, auto_record=not self.config.getoption("--parity-no-record"))
+        rec = res.record
+        self.user_properties += [("record", res.line(ws.root)["record"]), ("outcome", rec.outcome),
+                                 ("wall_s", round(res.wall_s, 2)), ("goldens", res.goldens)]
+        where = f"record: {res.line(ws.root)['record']}"
+        if rec.outcome == e.expect != "pass":
+            raise ExpectedOutcome(f"{rec.outcome}, as the matrix expects ({e.because}): {rec.summary}")
+        if rec.outcome != "pass":
+            head = f"expected {e.expect} ({e.because}), got " if e.expect != "pass" else ""
+            raise EntryFailed(f"{e.id}: {head}{failure_report(rec)}\n{where}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        from harness.cli import BAD_INPUT
+
+        if isinstance(excinfo.value, (EntryFailed, ExpectedOutcome, *BAD_INPUT)):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo, style=style))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.planned.entry.id

@@ -22,6 +22,11 @@ and then by the rules of its gate kind (:data:`KIND_RULES`):
   arm that ran the pinned vLLM must have run the release pinned now.
 * the **invariance** kind has no goldens either (the reference configuration runs beside the
   variants): suite version, model digest, and the engine ran the release pinned now.
+
+**No answer is not "no".** In a shallow clone (CI checkouts often fetch one commit) git cannot tell
+whether an older SHA is an ancestor of HEAD: :func:`is_ancestor` then returns a :class:`NoAnswer`,
+and the cell says "cannot be checked: shallow clone, fetch history with `git fetch --unshallow`"
+rather than "not an ancestor". It is still ⌛ — an unchecked result is never shown as current.
 """
 
 from __future__ import annotations
@@ -50,20 +55,73 @@ def _head(repo: Path) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
-def is_ancestor(repo: Path, sha: str) -> bool | str:
-    """True/False from ``git merge-base --is-ancestor SHA HEAD`` in ``repo``; a string says why it
-    could not be answered (not a repository, unknown commit)."""
+FETCH_HISTORY = "fetch history with `git fetch --unshallow`"
+
+
+@dataclass(frozen=True, slots=True)
+class NoAnswer:
+    """git cannot say here whether a commit is an ancestor of HEAD. Not the same as "no": in a
+    shallow clone the commit may well be in the history that was not fetched."""
+
+    why: str
+
+    def __str__(self) -> str:
+        return self.why
+
+
+def is_shallow(repo: Path) -> bool | None:
+    """Whether ``repo`` is a shallow clone (None: not a git repository, or git failed)."""
+    try:
+        r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--is-shallow-repository"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() == "true" if r.returncode == 0 else None
+
+
+def history_missing(repo: Path) -> str | None:
+    """Why ancestry questions cannot all be answered in ``repo`` (None: its history is all here)."""
+    if is_shallow(repo):
+        return f"{repo.name or repo} is a shallow clone: the history is not available here; {FETCH_HISTORY}"
+    return None
+
+
+def is_ancestor(repo: Path, sha: str) -> bool | NoAnswer:
+    """Is commit ``sha`` an ancestor of ``repo``'s HEAD (``git merge-base --is-ancestor``)?
+
+    ``True`` and ``False`` are answers. In a shallow clone only ``True`` is (a commit beyond the
+    shallow boundary is neither present nor reachable), so anything else there is a
+    :class:`NoAnswer` saying so and how to fetch the history. In a complete clone a commit that is
+    not present at all is not an ancestor: every ancestor of HEAD is present.
+    """
     if not re.fullmatch(r"[0-9a-fA-F]{7,64}", sha):
-        return f"{sha!r} is not a commit SHA"
+        return NoAnswer(f"{sha!r} is not a commit SHA")
     try:
         r = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", sha, "HEAD"],
                            capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError) as e:
-        return f"git failed in {repo.name}: {e}"
-    if r.returncode in (0, 1):
-        return r.returncode == 0
+        return NoAnswer(f"{sha[:10]} cannot be checked: git failed in {repo.name}: {e}")
+    if r.returncode == 0:
+        return True
+    shallow = is_shallow(repo)
+    if shallow:
+        return NoAnswer(f"{sha[:10]} cannot be checked: shallow clone of {repo.name or repo}, "
+                        f"{FETCH_HISTORY}")
+    if r.returncode == 1:
+        return False
     msg = (r.stderr.strip().splitlines() or ["git error"])[-1]
-    return f"{sha[:10]} cannot be checked in {repo.name or repo}: {msg[:120]}"
+    if shallow is False and _missing(repo, sha):
+        return False
+    return NoAnswer(f"{sha[:10]} cannot be checked in {repo.name or repo}: {msg[:120]}")
+
+
+def _missing(repo: Path, sha: str) -> bool:
+    try:
+        r = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{sha}^{{commit}}"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode != 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +144,7 @@ class Current:
             self._cache[key] = fn()
         return self._cache[key]
 
-    def ancestor(self, repo: Path, sha: str) -> bool | str:
+    def ancestor(self, repo: Path, sha: str) -> bool | NoAnswer:
         return self._memo(("anc", str(repo), sha), lambda: is_ancestor(repo, sha))
 
     def head(self, repo: Path) -> str | None:
@@ -153,7 +211,7 @@ def harness_reasons(rec: Record, cur: Current) -> list[str]:
     if anc is False:
         why.append(f"harness {_short(sha)} is not an ancestor of HEAD {_short(cur.head(cur.ws.root))} "
                    "(made on a branch that is not merged)")
-    elif isinstance(anc, str):
+    elif isinstance(anc, NoAnswer):
         why.append(f"harness {anc}")
     if rec.harness.get("dirty"):
         why.append(f"ran on uncommitted changes on top of {_short(sha)}")

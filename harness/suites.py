@@ -120,6 +120,21 @@ def _need(d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: s
     return v
 
 
+FULL_TOP_K = 20
+"""With ``logprobs = "full"``, the top-k rows kept beside the full distributions (strict, near-tie,
+the goldens, and what a failure prints): vLLM's and most servers' default cap."""
+
+
+def _logprobs(v: Any, where: str) -> tuple[int, bool]:
+    """``logprobs = k`` (an int >= 0) or ``"full"`` -> (top-k, full vocabulary)."""
+    if v == "full":
+        return FULL_TOP_K, True
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise SuiteError(f"{where}: field 'logprobs' must be an int >= 0 or \"full\" (the whole "
+                         f"vocabulary, whatever the model), got {v!r}")
+    return v, False
+
+
 def load_suite(path: Path) -> Suite:
     """Parse and validate one suite file."""
     raw_bytes = path.read_bytes()
@@ -133,11 +148,13 @@ def load_suite(path: Path) -> Suite:
         raise SuiteError(f"{where}: field 'name' is {name!r} but the file is {path.name}")
     version = _need(raw, "version", int, where)
     s = _need(raw, "sampling", dict, where)
+    k, full = _logprobs(s.get("logprobs", 5), f"{where} [sampling]")
     sampling = Sampling(
         max_tokens=_need(s, "max_tokens", int, f"{where} [sampling]"),
-        logprobs=int(s.get("logprobs", 5)),
+        logprobs=k,
         temperature=float(s.get("temperature", 0.0)),
         seed=int(s.get("seed", 0)),
+        full_vocab=full,
         top_p=float(s.get("top_p", 1.0)),
     )
     if sampling.temperature != 0.0:

@@ -46,12 +46,14 @@ def run_and_score(runner: Runner, cases: Sequence[Case], sampling: Sampling,
 
 
 def scored_output(case_id: str, continuation: Sequence[int], top_ids: object, top_logprobs: object,
-                  chosen: object) -> Output:
-    """The :class:`Output` form of a score (engines build theirs with this)."""
+                  chosen: object, full: object = None) -> Output:
+    """The :class:`Output` form of a score (engines build theirs with this). ``full``: the whole
+    distributions ``[n, V]`` (an array or a memory map, kept as it is, never copied)."""
     import numpy as np
 
     n = len(continuation)
     return Output(case_id, tuple(int(t) for t in continuation),
                   top_ids=np.asarray(top_ids, np.int32).reshape(n, -1),
                   top_logprobs=np.asarray(top_logprobs, np.float32).reshape(n, -1),
-                  chosen_logprobs=np.asarray(chosen, np.float32).reshape(n), finish_reason="scored")
+                  chosen_logprobs=np.asarray(chosen, np.float32).reshape(n), finish_reason="scored",
+                  full_logprobs=full if full is None or isinstance(full, np.ndarray) else np.asarray(full))

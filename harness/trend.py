@@ -139,3 +139,45 @@ def plot(points: Sequence[Point], path: Path, title: str, metric: str) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+BENCH = "bench:"
+"""``harness trend bench:<figure>``: a performance figure of ``make bench`` across commits."""
+
+
+def trend_bench(ws: Workspace, figure: str, metric: str | None = None, out: Path | None = None) -> Trend:
+    """One figure of the bench records (``reports/bench/``) across the commits of the history:
+    its ``ratio`` to its limit (default; what stays comparable between machines of one class) or its
+    ``value``. One series per device class."""
+    from harness import perf
+    from harness.records import commit_order
+
+    metric = metric or "ratio"
+    if metric not in ("ratio", "value"):
+        raise unknown(f"metric of bench figure {figure}", metric, ["ratio", "value"])
+    df = perf.frame(ws.root / "reports" / "bench")
+    names = sorted(set(df["figure"])) if len(df) else []
+    if figure not in names:
+        raise unknown("bench figure", figure, names or ["(no bench records: make bench)"])
+    order = commit_order(ws.root)
+    points, outside = [], []
+    for _, r in df[df["figure"] == figure].iterrows():
+        value = r[metric]
+        if value is None or value != value:
+            continue
+        pos = order.get(str(r["sha"]))
+        p = Point(f"{r['device_class'] or 'unknown device'}", pos, str(r["sha"]), str(r["created"]),
+                  float(value), str(r["id"]))
+        if pos is None:
+            outside.append((p, "its SHA is not in HEAD's history here"))
+        elif bool(r["dirty"]):
+            outside.append((p, "it ran on uncommitted changes"))
+        else:
+            points.append(p)
+    points.sort(key=lambda p: (p.commit_order, p.created))
+    png = None
+    if points:
+        name = f"bench.{re.sub(r'[^A-Za-z0-9_.-]', '_', figure)}.{metric}.png"
+        png = plot(points, out or ws.root / "reports" / "trends" / name,
+                   f"{figure}: {metric} across commits", metric)
+    return Trend(BENCH + figure, metric, tuple(points), tuple(outside), png)

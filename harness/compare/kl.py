@@ -25,7 +25,6 @@ from harness.compare.aligned import (
     Mode,
     align,
     by_id,
-    is_full_vocab,
     lookup,
     renormalise,
 )
@@ -108,20 +107,21 @@ def top_token(ids: np.ndarray, lp: np.ndarray) -> np.ndarray:
 
 
 def choose_mode(a: Aligned, wish: ModeWish) -> Mode:
-    full = is_full_vocab(a.o_ids, a.o_lp, a.c_ids, a.c_lp)
-    if wish == "full" and not full:
+    if wish == "full" and not a.full:
         raise AlignError(
-            f"{a.case_id}: full-vocab KL asked, but the sides hold top-{a.k[0]} / top-{a.k[1]} "
-            "(set the suite's [sampling] logprobs to the vocabulary size and re-record)")
-    return "full-vocab" if full and wish != "topk" else "top-k+rest"
+            f"{a.case_id}: full-vocab KL asked, but the sides hold {a.describe_k()} "
+            '(set the suite\'s [sampling] logprobs = "full" and re-record)')
+    return "full-vocab" if a.full and wish != "topk" else "top-k+rest"
 
 
 def kl_rows(a: Aligned, wish: ModeWish = "auto") -> KLRows:
     mode = choose_mode(a, wish)
-    fn = kl_full if mode == "full-vocab" else kl_topk_rest
-    kl = fn(a.o_ids, a.o_lp, a.c_ids, a.c_lp)
-    same = top_token(a.o_ids, a.o_lp) == top_token(a.c_ids, a.c_lp)
     dp = np.exp(a.c_chosen) - np.exp(a.o_chosen)
+    if mode == "full-vocab":
+        f = a.facts()
+        return KLRows(f.kl, f.o_top == f.c_top, dp, mode)
+    kl = kl_topk_rest(a.o_ids, a.o_lp, a.c_ids, a.c_lp)
+    same = top_token(a.o_ids, a.o_lp) == top_token(a.c_ids, a.c_lp)
     return KLRows(kl, same, dp, mode)
 
 

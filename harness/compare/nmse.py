@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.aligned import AlignError, align, by_id, is_full_vocab, renormalise
+from harness.compare.aligned import AlignError, align
 from harness.compare.explain import RERECORD_HINT, engine_error
 from harness.compare.kl import RUN, json_number
 
@@ -95,27 +95,28 @@ class NMSE:
     decode: Callable[[Sequence[int]], str] | None = None
 
     def measure(self, oracle: Output, candidate: Output, case: Case
-                ) -> tuple[int, str, np.ndarray, np.ndarray] | Verdict:
-        """(tokens, alignment, oracle rows, candidate rows) as [n, V] logprobs ordered by id."""
+                ) -> tuple[str, np.ndarray, np.ndarray] | Verdict:
+        """(alignment, per-position squared error, per-position squared reference) of the
+        renormalised full-vocab logprob vectors, from one pass over the ``[n, V]`` arrays."""
         if (err := engine_error(self.key, oracle, candidate, case)) is not None:
             return err
         try:
             a = align(oracle, candidate, case.id)
+            if not a.full:
+                return Verdict(case.id, self.key, "skip",
+                               f"NMSE needs full-vocab logprobs; the sides hold {a.describe_k()}",
+                               evidence={"k": list(a.k)})
+            f = a.facts()
         except AlignError as e:
             return Verdict(case.id, self.key, "error", str(e)[:160], detail=str(e))
-        if not is_full_vocab(a.o_ids, a.o_lp, a.c_ids, a.c_lp):
-            return Verdict(case.id, self.key, "skip",
-                           f"NMSE needs full-vocab logprobs; the sides hold top-{a.k[0]} / top-{a.k[1]}",
-                           evidence={"k": list(a.k)})
-        return (a.tokens, a.alignment, renormalise(by_id(a.o_ids, a.o_lp)),
-                renormalise(by_id(a.c_ids, a.c_lp)))
+        return a.alignment, f.sq_err, f.sq_ref
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
         m = self.measure(oracle, candidate, case)
         if isinstance(m, Verdict):
             return m
-        tokens, alignment, ref, x = m
-        return self._verdict(case.id, [(case.id, ref, x)], alignment)
+        alignment, num, den = m
+        return self._verdict(case.id, [(case.id, num, den)], alignment)
 
     def compare_run(self, oracles: Sequence[Output], candidates: Sequence[Output],
                     cases: Sequence[Case]) -> Verdict:
@@ -126,18 +127,21 @@ class NMSE:
             first = next((m for _, m in measured if isinstance(m, Verdict)), None)
             return Verdict(RUN, self.key, first.status if first else "skip",
                            first.summary if first else "no cases")
-        aligns = sorted({m[1] for _, m in ok})  # type: ignore[index]
-        return self._verdict(RUN, [(cid, m[2], m[3]) for cid, m in ok],  # type: ignore[index]
+        aligns = sorted({m[0] for _, m in ok})  # type: ignore[index]
+        return self._verdict(RUN, [(cid, m[1], m[2]) for cid, m in ok],  # type: ignore[index]
                              aligns[0] if len(aligns) == 1 else "mixed")
 
     def _verdict(self, case_id: str, parts: Sequence[tuple[str, np.ndarray, np.ndarray]],
                  alignment: str) -> Verdict:
+        """``parts``: (case, per-position sum (x - ref)^2, per-position sum ref^2)."""
         num = den = 0.0
         worst = ("", -1, -1.0)
-        for cid, ref, x in parts:
-            _, per = nmse_rows(ref, x)
-            num += float(((x - ref) ** 2).sum())
-            den += float((ref**2).sum())
+        for cid, n_rows, d_rows in parts:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                per = np.where(d_rows > 0, n_rows / np.where(d_rows > 0, d_rows, 1.0),
+                               np.where(n_rows > 0, np.inf, 0.0))
+            num += float(n_rows.sum())
+            den += float(d_rows.sum())
             if per.size and per.max() > worst[2]:
                 worst = (cid, int(per.argmax()), float(per.max()))
         total = num / den if den > 0 else (0.0 if num == 0 else float("inf"))

@@ -108,12 +108,12 @@ class HFRunner:
             if cont is None:
                 continue
             if self.kv == "plain":
-                rows = score_forward(self._lm, case.prompt_ids, cont, k)
+                rows = score_forward(self._lm, case.prompt_ids, cont, k, sampling.full_vocab)
                 scores.append(scored_output(case.id, cont, *rows))
             else:
                 d = decode(self._lm, case.prompt_ids, len(cont), k,
-                           make_cache(self.kv, self._lm.config), forced=cont)
-                scores.append(scored_output(case.id, cont, d.top_ids, d.top_logprobs, d.chosen))
+                           make_cache(self.kv, self._lm.config), forced=cont, full=sampling.full_vocab)
+                scores.append(scored_output(case.id, cont, d.top_ids, d.top_logprobs, d.chosen, d.full))
         self.timings["score_s"] = time.perf_counter() - t0
         return outs, scores
 
@@ -135,11 +135,12 @@ class HFRunner:
         tok = self._lm.generation_config
         eos = tok.eos_token_id if isinstance(tok.eos_token_id, list) else [tok.eos_token_id]
         d = decode(self._lm, case.prompt_ids, sampling.max_tokens, max(sampling.logprobs, 1),
-                   make_cache(self.kv, self._lm.config), eos=[e for e in eos if e is not None])
+                   make_cache(self.kv, self._lm.config), eos=[e for e in eos if e is not None],
+                   full=sampling.full_vocab)
         self._note_kv(d.kv_bytes, d.cached_tokens)
         finish = "stop" if d.tokens and d.tokens[-1] in eos else "length"
         return Output(case.id, tuple(d.tokens), self.model.decode(d.tokens), d.top_ids, d.top_logprobs,
-                      d.chosen, finish)
+                      d.chosen, finish, full_logprobs=d.full)
 
     def _note_kv(self, nbytes: int, cached_tokens: int) -> None:
         """Keep the KV footprint of the longest case: the engine's own cache tensors, measured."""
@@ -169,7 +170,8 @@ class HFRunner:
         return Output(
             case.id, tuple(int(t) for t in gen), self.model.decode(gen),
             top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32),
-            chosen.cpu().numpy().astype(np.float32), finish)
+            chosen.cpu().numpy().astype(np.float32), finish,
+            full_logprobs=lp.cpu().numpy() if sampling.full_vocab else None)
 
     def facts(self) -> RunFacts:
         cap: dict[str, Any] = {}

@@ -70,25 +70,30 @@ class Decoded:
     kv_bytes: int
     """Bytes the cache held after the last step."""
     cached_tokens: int
+    full: np.ndarray | None = None
+    """[T, V] float32 whole distributions (``full=True``), else None."""
 
 
 def decode(lm: Any, prompt_ids: Sequence[int], steps: int, k: int, cache: Any,
-           forced: Sequence[int] | None = None, eos: Sequence[int] = ()) -> Decoded:
+           forced: Sequence[int] | None = None, eos: Sequence[int] = (), full: bool = False) -> Decoded:
     """Greedy decoding (``forced`` None) or teacher forcing of ``forced``, one token per step.
 
     Row t is the distribution after prompt + tokens[:t]. ``k`` <= 0 or >= the vocabulary keeps
-    every logprob. Greedy decoding stops after an ``eos`` token, as ``generate`` does.
+    every logprob. Greedy decoding stops after an ``eos`` token, as ``generate`` does. ``full``
+    also keeps every row whole (``Decoded.full``, one float32 array).
     """
     import torch
 
     device = next(lm.parameters()).device
     steps = len(forced) if forced is not None else steps
     ids = torch.tensor([list(prompt_ids)], device=device)
-    rows_i, rows_l, chosen, tokens = [], [], [], []
+    rows_i, rows_l, chosen, tokens, whole = [], [], [], [], []
     with torch.inference_mode():
         out = lm(ids, past_key_values=cache, use_cache=True)
         for t in range(steps):
             lp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            if full:
+                whole.append(lp)
             kk = lp.shape[-1] if k <= 0 or k >= lp.shape[-1] else k
             top = lp.topk(kk)
             tok = int(forced[t]) if forced is not None else int(top.indices[0])
@@ -102,12 +107,14 @@ def decode(lm: Any, prompt_ids: Sequence[int], steps: int, k: int, cache: Any,
     n = len(tokens)
     return Decoded(tokens, np.asarray(rows_i, np.int32).reshape(n, -1),
                    np.asarray(rows_l, np.float32).reshape(n, -1), np.asarray(chosen, np.float32),
-                   kv_bytes(cache), len(prompt_ids) + max(n - 1, 0))
+                   kv_bytes(cache), len(prompt_ids) + max(n - 1, 0),
+                   torch.stack(whole).cpu().numpy() if whole else None)
 
 
-def score_forward(lm: Any, prompt_ids: Sequence[int], continuation: Sequence[int], k: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Teacher forcing in one forward pass (plain cache only): (top_ids, top_logprobs, chosen)."""
+def score_forward(lm: Any, prompt_ids: Sequence[int], continuation: Sequence[int], k: int,
+                  full: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Teacher forcing in one forward pass (plain cache only): (top_ids, top_logprobs, chosen, the
+    whole ``[n, V]`` float32 distributions when ``full``, else None)."""
     import torch
 
     device = next(lm.parameters()).device
@@ -120,7 +127,7 @@ def score_forward(lm: Any, prompt_ids: Sequence[int], continuation: Sequence[int
     top = lp.topk(kk, dim=-1)
     chosen = lp.gather(1, torch.tensor(list(continuation), device=device)[:, None])[:, 0]
     return (top.indices.cpu().numpy().astype(np.int32), top.values.cpu().numpy().astype(np.float32),
-            chosen.cpu().numpy().astype(np.float32))
+            chosen.cpu().numpy().astype(np.float32), lp.cpu().numpy() if full else None)
 
 
 def tensors_forward(lm: Any, ids: Sequence[int], start: int) -> dict[str, np.ndarray]:

@@ -37,11 +37,39 @@ DEFAULT_MEM_FRACTION = float(os.environ.get("HARNESS_VLLM_MEM_FRACTION", "0.3"))
 START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "900"))
 
 
+KV_SEQS = int(os.environ.get("HARNESS_VLLM_KV_SEQS", "4"))
+"""The KV cache holds this many sequences of ``max_model_len`` tokens (0: a fraction of the host's
+memory instead, ``HARNESS_VLLM_MEM_FRACTION``). Sized by the model, not by the host: on a CPU host
+vLLM touches all of its KV cache at start, so a fraction of 24 GiB made every engine hold ~6 GB."""
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int | None:
+    """Bytes of K and V per token over every layer, from a transformers ``config.json``; None when
+    the config does not say (the memory fraction then sizes the cache)."""
+    try:
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
 def default_engine_settings(model: ModelRef) -> dict[str, Any]:
     """LLM(...) kwargs every vLLM run starts from; CPU attention needs block_size % 32 == 0. The
-    context is the one suites are checked against (``ModelRef.limits``)."""
-    return {"dtype": "float32", "block_size": 32, "gpu_memory_utilization": DEFAULT_MEM_FRACTION,
-            "max_model_len": model.limits.max_len, "seed": 0}
+    context is the one suites are checked against (``ModelRef.limits``). The KV cache holds
+    :data:`KV_SEQS` full-length sequences at float32 (the same bytes at any dtype)."""
+    config: dict[str, Any] = {}
+    cfg = Path(model.path) / "config.json"
+    if cfg.exists():
+        config = json.loads(cfg.read_text())
+    max_len = model.limits.max_len
+    out = {"dtype": "float32", "block_size": 32, "gpu_memory_utilization": DEFAULT_MEM_FRACTION,
+           "max_model_len": max_len, "seed": 0}
+    per_token = kv_bytes_per_token(config)
+    if KV_SEQS > 0 and per_token:
+        out["kv_cache_memory_bytes"] = per_token * max_len * KV_SEQS
+    return out
 
 
 class VLLMRunner:
@@ -110,7 +138,7 @@ class VLLMRunner:
         self.log_path = work / "engine.log"
         engine = dict(self.settings)
         k = int(score["logprobs"]) if score else 0
-        if max(sampling.logprobs, k) > 20 and "max_logprobs" not in engine:
+        if (max(sampling.logprobs, k) > 20 or sampling.full_vocab) and "max_logprobs" not in engine:
             engine["max_logprobs"] = -1  # vLLM keeps at most 20 unless told otherwise
         req.write_text(json.dumps({
             "model": self.model.path, "engine": engine, "sampling": sampling.to_json(),
@@ -118,6 +146,7 @@ class VLLMRunner:
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
             **({"concurrency": self.concurrency} if self.concurrency else {}),
+            **({"full": {"dir": str(work / "full")}} if sampling.full_vocab else {}),
             **({"speed_levels": list(self._levels)} if self._levels else {}),
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -146,13 +175,23 @@ class VLLMRunner:
             raise EngineFailed(cause[1] if cause else reason, self._tail())
         self.meta = head
         self.timings = {**head["timings"], "output_tokens": head["output_tokens"]}
+        if head.get("peak_rss_kib"):
+            self.timings["peak_rss_mib"] = head["peak_rss_kib"]["total"] / 1024
         if "ttft_s" in head:
             self.speed = Speed(int(head["concurrency"]), len(cases), int(head["output_tokens"]),
                                float(head["timings"]["generate_s"]),
                                tuple(float(t) for t in head["ttft_s"] if t is not None), "vllm-offline")
         got = {d["id"]: d for d in lines[1:] if d.get("kind", "case") == "case"}
-        scores = [scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"],
-                                d["chosen_logprobs"]) for d in lines[1:] if d.get("kind") == "score"]
+        scores = []
+        for d in lines[1:]:
+            if d.get("kind") != "score":
+                continue
+            full, why = full_rows(d)
+            if why:
+                scores.append(Output(d["id"], tuple(d["token_ids"]), error=why))
+                continue
+            scores.append(scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"],
+                                        d["chosen_logprobs"], full))
         outs = []
         for c in cases:
             d = got.get(c.id)
@@ -161,12 +200,13 @@ class VLLMRunner:
                 continue
             self.case_meta[c.id] = {"num_cached_tokens": d.get("num_cached_tokens")}
             arr = d["top_ids"] is not None
+            full, why = full_rows(d)
             outs.append(Output(
                 c.id, tuple(d["token_ids"]), d["text"],
                 np.asarray(d["top_ids"], np.int32).reshape(len(d["token_ids"]), -1) if arr else None,
                 np.asarray(d["top_logprobs"], np.float32).reshape(len(d["token_ids"]), -1) if arr else None,
                 np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
-                d.get("finish_reason", "")))
+                d.get("finish_reason", ""), error=why, full_logprobs=full))
         return outs, scores
 
     def _tail(self, n: int = 4000) -> str:
@@ -184,6 +224,25 @@ class VLLMRunner:
 
     def close(self) -> None:
         """The child process has exited by the time ``run`` returns."""
+
+
+def full_rows(line: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None]:
+    """(the read-only memory map of a result line's whole distributions, or why they are unusable)."""
+    f = line.get("full")
+    if not f:
+        return None, None
+    rows, path = int(f["rows"]), Path(f["path"])
+    if f.get("written") is not None and int(f["written"]) != rows:
+        return None, (f"whole distributions: the engine wrote {f['written']} rows of {rows} into "
+                      f"{path.name} (the capture hook lost track of the request)")
+    try:
+        mm = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        return None, f"whole distributions: cannot read {path}: {e}"
+    if mm.ndim != 2 or mm.shape[0] < rows or mm.shape[1] != int(f["vocab"]) or mm.dtype != np.float32:
+        return None, (f"whole distributions: {path} holds {mm.dtype} {mm.shape}, expected float32 "
+                      f"[{rows}, {f['vocab']}]")
+    return mm[:rows], None
 
 
 _ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+?)\s*$")

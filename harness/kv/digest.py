@@ -19,10 +19,14 @@ adversary.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
+
+from harness.kv import digest_triton
 
 NAME = "mx128"
 _GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as int64
@@ -76,14 +80,49 @@ def as_page_bytes(pages: torch.Tensor) -> torch.Tensor:
 def page_digests(pages: torch.Tensor) -> list[str]:
     """One digest per leading index of ``pages`` ([P, ...], any dtype, any device).
 
-    Pages on an accelerator are digested there (torch); pages in host memory by the same arithmetic
+    Pages on a GPU are digested there, by the fused Triton kernel (:mod:`harness.kv.digest_triton`)
+    when Triton is installed, else by torch integer ops; pages in host memory by the same arithmetic
     in numpy, which runs on the calling thread: small torch ops fan out to OpenMP threads that
     contend with the engine's own on a busy CPU host.
     """
     raw = as_page_bytes(pages)
     if raw.device.type == "cpu":
         return host_digests(raw.numpy())
+    if raw.shape[1] % 4 == 0 and raw.shape[0] and digest_triton.available(raw.device):
+        return fused_digests(raw, torch.arange(raw.shape[0], device=raw.device), digest_triton.layout_of(raw))
     return device_digests(raw)
+
+
+def cache_digests(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0) -> list[str]:
+    """Digests of the pages ``block_ids`` of a paged cache tensor, read where they sit: on a GPU by
+    the fused kernel without gathering them first; elsewhere gathered, then :func:`page_digests`."""
+    if kv.device.type != "cpu" and digest_triton.available(kv.device) and kv.is_contiguous():
+        try:
+            layout = digest_triton.layout_of(kv, block_dim)
+        except ValueError:
+            layout = None
+        if layout is not None:
+            return fused_digests(kv, list(block_ids), layout)
+    ids = torch.tensor(list(block_ids), dtype=torch.long, device=kv.device)
+    return page_digests(kv.index_select(block_dim, ids).movedim(block_dim, 0))
+
+
+def fused_lane_sums(kv: torch.Tensor, block_ids: Any, layout: digest_triton.PageLayout | None = None,
+                    sums: torch.Tensor | None = None, **knobs: Any) -> torch.Tensor:
+    """The fused kernel's ``[pages, 4]`` int32 lane sums of pages ``block_ids`` of ``kv`` (its
+    device), with this module's coefficients; ``knobs``: block, pages, num_warps, unroll, partials."""
+    layout = layout or digest_triton.layout_of(kv)
+    return digest_triton.lane_sums(kv, block_ids, coefficients(layout.words, str(kv.device)), layout, sums,
+                                   **knobs)
+
+
+def fused_digests(kv: torch.Tensor, block_ids: Any, layout: digest_triton.PageLayout | None = None
+                  ) -> list[str]:
+    """Digest strings of pages ``block_ids`` of ``kv`` by the fused kernel: equal to
+    :func:`digest_bytes` of their bytes."""
+    layout = layout or digest_triton.layout_of(kv)
+    sums = fused_lane_sums(kv, block_ids, layout)
+    return format_sums(sums.cpu().numpy().view(np.uint32), layout.nbytes)
 
 
 def device_digests(raw: torch.Tensor) -> list[str]:
@@ -142,6 +181,16 @@ def host_digests(raw: np.ndarray) -> list[str]:
 @lru_cache(maxsize=32)
 def _host_coefficients(n_words: int) -> np.ndarray:
     return _coefficients(n_words, "cpu").numpy().view(np.uint32)
+
+
+def coefficients(n_words: int, device: str) -> torch.Tensor:
+    """[4, n_words] int32 position coefficients on ``device`` (the fused kernel reads them)."""
+    return _coefficients(n_words, device)
+
+
+def format_sums(sums: np.ndarray, nbytes: int) -> list[str]:
+    """[P, 4] uint32 lane sums of pages of ``nbytes`` -> their digest strings."""
+    return _format(sums, nbytes)
 
 
 def _format(sums: np.ndarray, nbytes: int) -> list[str]:

@@ -67,3 +67,23 @@ def test_trend_of_the_committed_records_writes_a_png(tmp_path: Path) -> None:
         pytest.skip("a shallow clone holds no history to place the records in (git fetch --unshallow)")
     t = trend(Workspace(REPO_ROOT), "greedy-near-tie", out=tmp_path / "g.png")
     assert t.points and t.png is not None and t.png.stat().st_size > 1000
+
+
+def test_bench_figures_plot_across_commits(ws: Workspace, tmp_path: Path) -> None:
+    from harness import perf
+    from harness.trend import trend_bench
+    from tests.unit.features_kit import git
+
+    bench = ws.root / "reports" / "bench"
+    for i, ratio in enumerate((80.0, 20.0)):
+        fig = perf.Figure("compare.fused", 1e6 * ratio, "positions/s",
+                          perf.Limit("per-token loop", 1e6, "positions/s"))
+        rec = perf.bench_record([fig], {}, {}, ws.root, device={"class": "cpu-test"})
+        perf.write_bench(bench, {**rec, "id": f"{rec['id']}-{i}", "created": f"2026-11-30T0{i}:00:00Z"})
+        git(ws.root, "add", "-A")
+        commit(ws.root, f"commit {i}", touch="notes.txt")
+    t = trend_bench(ws, "compare.fused", out=tmp_path / "b.png")
+    assert [(p.commit_order, p.value) for p in t.points] == [(0, 80.0), (1, 20.0)]
+    assert t.png is not None and t.png.exists()
+    with pytest.raises(ValueError, match="unknown bench figure 'compare.fuse'"):
+        trend_bench(ws, "compare.fuse")

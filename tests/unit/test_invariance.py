@@ -319,7 +319,7 @@ def test_rl_needs_its_bars_and_its_table(tmp_path: Path) -> None:
 def test_parity_suites_stay_greedy_and_keep_their_sampling_form(tmp_path: Path) -> None:
     s = Sampling(32, 5)
     assert s.to_json() == {"max_tokens": 32, "logprobs": 5, "temperature": 0.0, "seed": 0} and s.greedy
-    assert Sampling(32, 5, 0.8, 1, 0.9).to_json()["top_p"] == 0.9
+    assert Sampling(32, 5, 0.8, 1, top_p=0.9).to_json()["top_p"] == 0.9
     p = tmp_path / "smoke.toml"
     p.write_text((REPO_ROOT / "suites" / "smoke.toml").read_text().replace("logprobs = 5", "logprobs = 5\ntop_p = 0.9"))
     with pytest.raises(SuiteError, match=r"\[sampling\]: field 'top_p' must be 1 \(parity gates are greedy"):

@@ -75,7 +75,9 @@ def test_kl_is_non_negative_and_topk_is_a_lower_bound(a: np.ndarray, b: np.ndarr
     ot, ct = output_from_logits("c", a, k), output_from_logits("c", b, k, tokens=o.token_ids)
     lower = kl_rows(align(ot, ct, "c"), "topk").kl
     assert np.all(lower >= 0)
-    assert np.all(lower <= kl + 1e-5)  # data processing inequality: a partition never adds KL
+    # data processing inequality: a partition never adds KL (up to the float32 rounding of the
+    # logprob rows, the same relative 1e-4 the full-vocab value is held to above)
+    assert np.all(lower <= kl * (1 + 1e-4) + 1e-5)
 
 
 def test_full_and_topk_agree_when_k_is_the_vocabulary() -> None:

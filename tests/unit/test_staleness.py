@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.features import Judge, generate, load_catalog, load_records
-from harness.staleness import Current, is_ancestor, staleness
+from harness.staleness import Current, NoAnswer, is_ancestor, staleness
 from harness.workspace import Workspace
 from tests.unit.features_kit import commit, git, make_git_workspace, make_record
 
@@ -37,9 +37,12 @@ def test_is_ancestor_answers_from_git(engine: dict[str, str]) -> None:
     assert is_ancestor(repo, engine["a"]) is True
     assert is_ancestor(repo, engine["c"]) is True
     assert is_ancestor(repo, engine["b"]) is False
-    unknown = is_ancestor(repo, "0" * 40)
-    assert isinstance(unknown, str) and "cannot be checked" in unknown
-    assert isinstance(is_ancestor(repo, "HEAD; rm -rf"), str)
+    # a complete clone holds every ancestor of HEAD: a commit it does not hold is not one
+    assert is_ancestor(repo, "0" * 40) is False
+    bad = is_ancestor(repo, "HEAD; rm -rf")
+    assert isinstance(bad, NoAnswer) and "not a commit SHA" in str(bad)
+    outside = is_ancestor(repo.parent, engine["a"])  # not a git repository at all
+    assert isinstance(outside, NoAnswer) and "cannot be checked" in str(outside)
 
 
 def test_candidate_sha_on_a_side_branch_is_stale_and_shows_hourglass(

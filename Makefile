@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet
+.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -27,6 +27,7 @@ help:
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
+	@echo "make invariance MODEL=tiny-llama [ENGINE=vllm] [VARIANTS=batch,rl]  configurations that must not change one token"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
@@ -102,6 +103,16 @@ LEVELS ?= 1,4,8
 speed: venv
 	$(BIN)/harness speed --model '$(MODEL)' --suite '$(SUITE)' --levels '$(LEVELS)' \
 		--candidate '$(if $(filter command line,$(origin CANDIDATE)),$(CANDIDATE),vllm-server)'
+
+# Invariance gates: batching, prefix cache, chunked prefill, speculative decoding, preemption, the KV
+# connector, decode vs prefill (bit-exact / near-tie), and trainer-vs-rollout logprobs. SUITE defaults
+# to invariance here.
+ENGINE ?= vllm
+VARIANTS ?=
+invariance: venv
+	$(BIN)/harness invariance --model '$(MODEL)' --engine '$(ENGINE)' \
+		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),invariance)' \
+		$(if $(VARIANTS),--variants '$(VARIANTS)')
 
 # The fleet (README "Running on a fleet"): the plan as CI matrix JSON, and the entries as pytest items.
 plan:

@@ -54,7 +54,11 @@ class Case:
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """Sampling parameters shared by oracle and candidate. Greedy only: parity needs determinism."""
+    """Sampling parameters shared by oracle and candidate.
+
+    Every parity gate is greedy (``temperature`` 0, ``top_p`` 1): parity needs determinism, and a
+    suite's ``[sampling]`` table is refused otherwise. Seeded sampling (``temperature`` > 0,
+    ``top_p`` < 1) is for rollouts only: the invariance kind's trainer-vs-rollout check."""
 
     max_tokens: int
     logprobs: int = 5
@@ -65,15 +69,24 @@ class Sampling:
     """The suite asked for ``logprobs = "full"``: besides the top-``logprobs`` rows, every engine
     that can returns the whole next-token distribution at every position as an array
     (:attr:`Output.full_logprobs`), whatever the vocabulary size."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 and self.top_p == 1.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "max_tokens": self.max_tokens,
             "logprobs": self.logprobs,
             "temperature": self.temperature,
             "seed": self.seed,
             **({"full_vocab": True} if self.full_vocab else {}),
         }
+        if self.top_p != 1.0:  # greedy suites keep the exact form their goldens were recorded with
+            out["top_p"] = self.top_p
+        return out
 
 
 @dataclass(frozen=True, slots=True, eq=False)

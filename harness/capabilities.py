@@ -10,6 +10,10 @@ able to answer:
                        other comparator is impossible;
 * no top-k logprobs -> comparators of distributions (``kl``, ``nmse``, ``drift``) are impossible;
                        ``strict`` and ``near_tie`` only need the candidate's ids.
+
+A runner also says how it asked (``prompts``: ids or text; ``request``: the sampling fields it sent;
+``left_to_server``: those it did not) and, for text prompts, what the server made of them
+(``served_prompt_ids``): the candidate's self-checks (:mod:`harness.checks`) judge these.
 """
 
 from __future__ import annotations
@@ -50,6 +54,25 @@ class Capabilities:
     """Why a capability is missing, keyed ``token_ids`` / ``top_logprobs``."""
     notes: tuple[str, ...] = ()
     """Other findings worth a line in the record (e.g. ``server caps logprobs at 20``)."""
+    prompts: Literal["ids", "text"] = "ids"
+    """How prompts reached the engine: as the oracle's token ids, or as text it tokenized itself."""
+    tokenized_by: str | None = None
+    """With text prompts: how the server's tokenization was read (``POST /extras/tokenize``, ``POST
+    /tokenize``, ``echo``)."""
+    served_prompt_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """With text prompts: case id -> the prompt ids the server makes of the case's text."""
+    tokenize_errors: Mapping[str, str] = field(default_factory=dict)
+    """With text prompts: case id -> why its tokenization could not be read."""
+    ids_from_text: bool = False
+    """Generated ids and top-k ids were mapped from token *texts* through the model's tokenizer."""
+    unmapped: Mapping[str, int] = field(default_factory=dict)
+    """With ``ids_from_text``: how many token texts no single id accounts for (``generated``,
+    ``top``) and how many top-k entries the server could not return because texts collided
+    (``missing``)."""
+    request: Mapping[str, Any] = field(default_factory=dict)
+    """The sampling fields every request carried (``temperature``, ``seed``, engine-specific ones)."""
+    left_to_server: Mapping[str, Any] = field(default_factory=dict)
+    """Sampling fields the requests left to the server's defaults -> that default (None: unknown)."""
 
     def missing(self) -> dict[str, str]:
         out = {}
@@ -72,9 +95,17 @@ class Capabilities:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"token_ids": self.token_ids, "top_logprobs": self.top_logprobs,
-                "logprobs_served": self.logprobs_served, "logprobs_asked": self.logprobs_asked,
-                "reasons": dict(self.reasons), "notes": list(self.notes)}
+        out: dict[str, Any] = {
+            "token_ids": self.token_ids, "top_logprobs": self.top_logprobs,
+            "logprobs_served": self.logprobs_served, "logprobs_asked": self.logprobs_asked,
+            "reasons": dict(self.reasons), "notes": list(self.notes), "prompts": self.prompts}
+        if self.prompts == "text":
+            out.update({"tokenized_by": self.tokenized_by, "tokenize_errors": dict(self.tokenize_errors)})
+        if self.ids_from_text:
+            out.update({"ids_from_text": True, "unmapped": dict(self.unmapped)})
+        if self.request or self.left_to_server:
+            out.update({"request": dict(self.request), "left_to_server": dict(self.left_to_server)})
+        return out
 
 
 def comparator_for(name: str, params: Mapping[str, Any], decode: Callable[[Sequence[int]], str] | None,

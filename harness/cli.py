@@ -90,6 +90,30 @@ def cmd_ab(a: argparse.Namespace, ws: Workspace) -> int:
     return 0 if res.record.outcome == "pass" else 1
 
 
+def _invariance_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--suite", default="invariance")
+    p.add_argument("--engine", default="vllm", metavar="SPEC",
+                   help="the engine family under test: vllm, or vllm:<options> (the reference configuration)")
+    p.add_argument("--variants", default=None, metavar="NAMES",
+                   help="comma-separated variants (and rl) to run; default: every one the suite names")
+
+
+@command("invariance", "configurations that must not change one token (bit-exact / near-tie) and "
+                       "trainer-vs-rollout logprobs", _invariance_args)
+def cmd_invariance(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.pipeline import run_gate
+    from harness.report import print_record
+
+    opts: dict = {"progress": lambda s: console.print(f"[dim]{s}[/dim]")}
+    if a.variants:
+        opts["variants"] = [v.strip() for v in a.variants.split(",") if v.strip()]
+    res = run_gate(ws, a.model, a.suite, a.engine, options=opts)
+    print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
+                 else str(res.path), console)
+    return 0 if res.record.outcome == "pass" else 1
+
+
 @command("record", "(re-)record goldens with the pinned vLLM oracle", _model_suite)
 def cmd_record(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.models import resolve_model

@@ -640,6 +640,55 @@ register(ControlSet("drift", needs=Needs(logprobs=True, min_k=2), mutations=(
 )))
 
 
+def plant_one_ulp(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """The same tokens; the chosen logprob (and its top-k entry) one float32 ulp lower at the
+    decisive position: only a comparator of logprob bits can see it."""
+    r = _rows(oracle)
+    if r is None or oracle.chosen_logprobs is None:
+        return "the golden has no logprobs"
+    if not oracle.token_ids:
+        return "the golden generation is empty"
+    t = min(_decisive(oracle), len(oracle.chosen_logprobs) - 1)
+    chosen = np.array(oracle.chosen_logprobs, np.float32, copy=True)
+    old = chosen[t]
+    chosen[t] = np.nextafter(old, np.float32(-np.inf))
+    lp = np.array(oracle.top_logprobs, np.float32, copy=True)
+    lp[t][(r[0][t] == oracle.token_ids[t]) & (lp[t] == old)] = chosen[t]
+    return Planted(oracle, _copy(oracle, chosen_logprobs=chosen, top_logprobs=lp),
+                   f"position {t}: {float(old)!r} -> {float(chosen[t])!r}")
+
+
+register(ControlSet("bit_exact", needs=Needs(logprobs=True), mutations=(
+    Mutation("flip decisive token", "fail", plant_decisive_flip),
+    Mutation("one logprob one ulp lower", "fail", plant_one_ulp),
+    Mutation("unperturbed copy", "pass", plant_identity),
+)))
+
+
+def plant_rl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """The trainer's logprob of every sampled token lowered by 10x the mean-|Δ| bar."""
+    if oracle.chosen_logprobs is None:
+        return "the rollout has no logprobs"
+    if not oracle.token_ids:
+        return "the rollout is empty"
+    d = OVER_BAR * float(comp.max_mean_abs)
+    chosen = np.asarray(oracle.chosen_logprobs, np.float64) - d
+    return Planted(oracle, _copy(oracle, chosen_logprobs=chosen.astype(np.float32)),
+                   f"every token -{d:g} nats ({OVER_BAR:g}x the mean bar)")
+
+
+def plant_scored_copy(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if oracle.chosen_logprobs is None:
+        return "the rollout has no logprobs"
+    return Planted(oracle, _copy(oracle), "")
+
+
+register(ControlSet("rl_logprobs", needs=Needs(logprobs=True), mutations=(
+    Mutation("trainer logprobs shifted above the bar", "fail", plant_rl_shift),
+    Mutation("trainer equals rollout", "pass", plant_scored_copy),
+)))
+
+
 # ---------------------------------------------------------------------------------------------
 # the gate's entry points
 

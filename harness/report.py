@@ -88,10 +88,53 @@ def print_ab(rec: Record, con: Console) -> None:
         con.print(Text(line))
 
 
+def invariance_table(rec: Record) -> Table | None:
+    """An invariance record as one line per variant: the tier it reached, the counts, where it first
+    differed, its evidence and the inverse control."""
+    inv = rec.extra.get("invariance")
+    if not isinstance(inv, dict):
+        return None
+    t = Table(title=f"{rec.model['name']} / {rec.suite['name']} v{rec.suite['version']}  —  "
+                    f"{rec.candidate.name} ({rec.candidate.engine} {rec.candidate.version}), "
+                    f"{inv.get('engine_starts')} engine starts")
+    for col in ("variant", "reached", "bit-exact", "near-tie", "first difference", "evidence", "inverse"):
+        t.add_column(col, overflow="fold")
+    styles = {"bit_exact": "green", "near_tie": "yellow", "refused": "yellow", "not evidence": "dim"}
+    for name, v in (inv.get("variants") or {}).items():
+        res = str(v.get("result", ""))
+        counts = [" ".join(f"{k} {n}" for k, n in (v.get(tier) or {}).items())
+                  for tier in ("bit_exact", "near_tie")]
+        first = v.get("first_difference") or {}
+        reason = str(v.get("reason", "")).splitlines()
+        where = (f"{first.get('case')}: token {first.get('token')}, logprob {first.get('logprob')}"
+                 if first else (reason[0][:80] if reason else "—"))
+        ev = ", ".join(f"{k} {x}" for k, x in (v.get("evidence") or {}).items()
+                       if isinstance(x, int | float | str) and k not in ("connector", "how"))
+        inverse = v.get("inverse") or {}
+        inv_text = (f"{inverse.get('setting')}: bit-exact failed {inverse.get('bit_exact_failed')}/"
+                    f"{inverse.get('cases')}" if inverse.get("status") == "ran"
+                    else str(inverse.get("status", "—")))
+        t.add_row(name, Text(res, style=styles.get(res, "bold red")), *counts, where, ev or "—", inv_text)
+    rl = rec.extra.get("rl")
+    if isinstance(rl, dict):
+        p = rl.get("pooled") or {}
+        stats = (f"|Δ| mean {p['mean_abs_delta']:.2e} p99 {p['p99_abs_delta']:.2e} "
+                 f"max {p['max_abs_delta']:.2e}; ratio outside [{p['ratio_low']:g}, {p['ratio_high']:g}] "
+                 f"{100 * p['ratio_outside']:.2f}%; seq KL k3 {p['seq_kl_k3']:.2e}"
+                 if p.get("tokens") else str(rl.get("reason", "")))
+        ok = rl.get("result") == "pass"
+        t.add_row("rl", Text(str(rl.get("result", "")), style="green" if ok else "bold red"),
+                  f"{p.get('tokens', 0)} tokens", "", stats, str(rl.get("returned_logprobs_mode", "")), "")
+    return t
+
+
 def print_record(rec: Record, path: str = "", console: Console | None = None,
                  details: bool = True) -> None:
     con = console or Console()
-    con.print(verdict_table(rec))
+    inv = invariance_table(rec)
+    con.print(inv if inv is not None else verdict_table(rec))
+    if isinstance(rec.extra.get("rl"), dict) and rec.extra["rl"].get("mode"):
+        con.print(Text(f"rollout logprobs: {rec.extra['rl']['mode']}"), highlight=False)
     print_distribution(rec, path, con)
     print_ab(rec, con)
     if details:
@@ -99,14 +142,20 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
             if v.status in ("fail", "error", "refused") and v.detail and v.comparator in rec.gates:
                 con.print(Text(v.detail, style=STYLE.get(v.status, "")))
     if rec.controls:
+        shown = list(rec.controls)
+        if len(shown) > 40:  # an invariance run plants about twenty per variant: show what went wrong
+            shown = [c for c in shown if not c.ok]
+            con.print(f"vacuous-gate guard: {len(rec.controls) - len(shown)}/{len(rec.controls)} controls "
+                      f"answered as planted" + ("" if shown else " (all)"))
         ct = Table(title="vacuous-gate guard (planted mutations)")
         for col in ("comparator", "mutation", "expect", "got", "ok"):
             ct.add_column(col)
-        for c in rec.controls:
+        for c in shown:
             ct.add_row(c.comparator, c.mutation, c.expect, c.got,
                        Text("ok" if c.ok else "VACUOUS" if vacuates(c) else "positive control failed",
                             style="green" if c.ok else "bold magenta"))
-        con.print(ct)
+        if shown:
+            con.print(ct)
     now = {k: v for k, v in rec.timings.items() if k.endswith("_s") and not k.startswith(RECORDED_ORACLE)}
     then = {k[len(RECORDED_ORACLE):]: v for k, v in rec.timings.items()
             if k.endswith("_s") and k.startswith(RECORDED_ORACLE)}
@@ -124,8 +173,10 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
     for note in (rec.extra.get("capabilities") or {}).get("notes", ()):
         con.print(Text(f"note: {note}", style="dim"), highlight=False)
     con.print(Text.assemble("outcome: ", status_text(rec.outcome), "  ", rec.summary))
+    against = (f"oracle {rec.oracle.get('pin')}" if rec.oracle.get("pin") else
+               f"reference {rec.oracle.get('spec')} ({rec.oracle.get('engine')} {rec.oracle.get('version')})")
     con.print(f"[dim]harness {str(rec.harness.get('sha'))[:10]}{'+dirty' if rec.harness.get('dirty') else ''}"
-              f" · oracle {rec.oracle.get('pin')} · model {rec.model['digest'][:12]}"
+              f" · {against} · model {rec.model['digest'][:12]}"
               + (f" · record {path}" if path else "") + "[/dim]")
 
 

@@ -20,6 +20,8 @@ and then by the rules of its gate kind (:data:`KIND_RULES`):
   ``goldens/<model>/<suite>/manifest.json`` (re-recorded or deleted since); the model digest changed.
 * the **A/B** kind has no goldens: the suite version and the model digest must still hold, and an
   arm that ran the pinned vLLM must have run the release pinned now.
+* the **invariance** kind has no goldens either (the reference configuration runs beside the
+  variants): suite version, model digest, and the engine ran the release pinned now.
 
 **No answer is not "no".** In a shallow clone (CI checkouts often fetch one commit) git cannot tell
 whether an older SHA is an ancestor of HEAD: :func:`is_ancestor` then returns a :class:`NoAnswer`,
@@ -293,12 +295,23 @@ def reference_reasons(rec: Record, cur: Current) -> list[str]:
     return why
 
 
+def invariance_reasons(rec: Record, cur: Current) -> list[str]:
+    """An invariance record: suite version, model digest, and the engine under test (reference and
+    variants alike) is the vLLM release pinned now."""
+    why = suite_reasons(rec, cur) + model_reasons(rec, cur)
+    pinned = (cur.pin or "").partition("==")[2]
+    if pinned and _runs_the_pin(rec.candidate.name) and rec.candidate.version != pinned:
+        why.append(f"ran vLLM {rec.candidate.version}, the pin is now {cur.pin}")
+    return why
+
+
 Rule = Callable[[Record, Current], list[str]]
 
 KIND_RULES: Mapping[str, Rule] = {
     "parity": oracle_reasons,
     "kv_roundtrip": oracle_reasons,
     "ab": reference_reasons,
+    "invariance": invariance_reasons,
 }
 """Record kind -> its own staleness rule (after the candidate and harness rules every record has)."""
 

@@ -155,9 +155,14 @@ def load_suite(path: Path) -> Suite:
         temperature=float(s.get("temperature", 0.0)),
         seed=int(s.get("seed", 0)),
         full_vocab=full,
+        top_p=float(s.get("top_p", 1.0)),
     )
     if sampling.temperature != 0.0:
-        raise SuiteError(f"{where} [sampling]: field 'temperature' must be 0 (parity gates are greedy)")
+        raise SuiteError(f"{where} [sampling]: field 'temperature' must be 0 (parity gates are greedy; "
+                         f"seeded rollouts are an invariance suite's [rl] table)")
+    if sampling.top_p != 1.0:
+        raise SuiteError(f"{where} [sampling]: field 'top_p' must be 1 (parity gates are greedy; "
+                         f"seeded rollouts are an invariance suite's [rl] table)")
     if sampling.max_tokens < 1 or sampling.logprobs < 0:
         raise SuiteError(f"{where} [sampling]: max_tokens must be >= 1 and logprobs >= 0")
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.api import Comparator
+from harness.compare.bit_exact import BitExact
 from harness.compare.drift import DEFAULT_EDGES, Drift
 from harness.compare.kl import KL
 from harness.compare.near_tie import NearTie
 from harness.compare.nmse import DEFAULT_MAX_NMSE, NMSE
+from harness.compare.rl_logprobs import RLLogprobs
 from harness.compare.strict import Strict
 from harness.registry import Registry, unknown
 
@@ -106,6 +108,34 @@ def _drift(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
     "max_nmse": Param("number", DEFAULT_MAX_NMSE, "bar (the cross-device bar of a C++ vLLM port)")})
 def _nmse(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
     return NMSE(max_nmse=float(p.get("max_nmse", DEFAULT_MAX_NMSE)), decode=decode)
+
+
+@COMPARATORS.register("bit_exact", help="the same tokens and the same logprobs, bit for bit", meta={})
+def _bit_exact(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    return BitExact(decode=decode)
+
+
+@COMPARATORS.register("rl_logprobs", help="trainer vs rollout logprobs of sampled tokens: |Δ|, importance "
+                                          "ratio, sequence KL", meta={
+    "max_mean_abs": Param("number", 1e-3, "bar on the mean |Δ logprob| per token (nats)"),
+    "max_p99_abs": Param("number", None, "bar on the p99 |Δ logprob|"),
+    "max_max_abs": Param("number", None, "bar on the largest |Δ logprob|"),
+    "max_ratio_outside": Param("number", 0.0, "bar on the share of tokens whose importance ratio is "
+                                              "outside [ratio_low, ratio_high]"),
+    "max_seq_kl": Param("number", 1e-3, "bar on the mean sequence KL(rollout || trainer), k3 estimate "
+                                        "(nats per sequence)"),
+    "max_support_mismatch": Param("int", 0, "bar on tokens one side gives -inf (a top-p mask drawn "
+                                            "differently)"),
+    "ratio_low": Param("number", 0.8, "lower end of the importance-ratio band"),
+    "ratio_high": Param("number", 1.25, "upper end of the importance-ratio band")})
+def _rl_logprobs(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    return RLLogprobs(max_mean_abs=float(p.get("max_mean_abs", 1e-3)), max_p99_abs=_opt(p, "max_p99_abs"),
+                      max_max_abs=_opt(p, "max_max_abs"),
+                      max_ratio_outside=float(p.get("max_ratio_outside", 0.0)),
+                      max_seq_kl=_opt(p, "max_seq_kl") if "max_seq_kl" in p else 1e-3,
+                      max_support_mismatch=float(p.get("max_support_mismatch", 0)),
+                      ratio_low=float(p.get("ratio_low", 0.8)), ratio_high=float(p.get("ratio_high", 1.25)),
+                      decode=decode)
 
 
 # KV comparators judge pages, not Outputs; their modules are imported on use (they pull in torch).

@@ -20,7 +20,24 @@ def engine_error(key: str, oracle: Output, candidate: Output, case: Case) -> Ver
     return None
 
 
+def unmapped(key: str, oracle: Output, candidate: Output, case: Case, pos: int,
+             decode: Decode | None) -> Verdict | None:
+    """An ``error`` verdict when the candidate's token at the first divergence ``pos`` is a token text
+    several ids render as (a text-keyed server, see harness.engines.token_text): its id is unknown,
+    so neither a pass nor a fail would be true."""
+    if pos >= len(candidate.token_ids) or candidate.token_ids[pos] >= 0:
+        return None
+    n = len(oracle.token_ids)
+    return Verdict(case.id, key, "error", f"{key}: candidate token {pos}/{n} is a text several ids share",
+                   detail=explain_divergence(key, oracle, candidate, case, pos, decode, [
+                       "the server named this token by its text only, and several ids render as that "
+                       "text: its id is unknown, so this case is judged only up to here"]),
+                   evidence={"kind": "unmapped", "matched": pos, "tokens": n, "first_divergence": pos})
+
+
 def _tok(decode: Decode | None, tid: int) -> str:
+    if tid < 0:  # a token text no single id accounts for (harness.engines.token_text.UNMAPPED)
+        return f"{tid} (a token text several ids render as: id unknown)"
     return f"{tid} {decode([tid])!r}" if decode else str(tid)
 
 

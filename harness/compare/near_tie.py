@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.explain import engine_error, explain_divergence
+from harness.compare.explain import engine_error, explain_divergence, unmapped
 from harness.compare.strict import first_divergence
 
 
@@ -32,6 +32,8 @@ class NearTie:
         if pos is None:
             return Verdict(case.id, self.key, "pass", f"exact: {n}/{n} tokens",
                            evidence={"kind": "exact", "matched": n, "tokens": n})
+        if (unknown := unmapped(self.key, oracle, candidate, case, pos, self.decode)) is not None:
+            return unknown
         base = {"matched": pos, "tokens": n, "first_divergence": pos,
                 "threshold_mnats": round(self.threshold_nats * 1000, 3)}
         if pos >= n or pos >= len(candidate.token_ids):

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from harness.api import Case, Output, Verdict
-from harness.compare.explain import engine_error, explain_divergence
+from harness.compare.explain import engine_error, explain_divergence, unmapped
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -31,6 +31,8 @@ class Strict:
         if pos is None:
             return Verdict(case.id, self.key, "pass", f"strict pass: {n}/{n} tokens",
                            evidence={"matched": n, "tokens": n})
+        if (unknown := unmapped(self.key, oracle, candidate, case, pos, self.decode)) is not None:
+            return unknown
         return Verdict(
             case.id, self.key, "fail", f"strict FAIL at token {pos}/{n}",
             detail=explain_divergence(self.key, oracle, candidate, case, pos, self.decode),

@@ -6,6 +6,8 @@
 * ``openai:http://127.0.0.1:8000,c=8``         any OpenAI-compatible server
 * ``cmd:python my_engine.py {model}``          any program speaking JSON lines
 * ``vllm-server`` / ``vllm-server@0.31.0``     a vLLM OpenAI server the harness starts and stops
+* ``llamacpp`` / ``llamacpp:gguf=q4_1``         llama.cpp's server (llama-cpp-python), built on first
+                                               use, started and stopped by the harness
 
 A new engine is one module that registers a factory in :data:`ENGINES` (see
 :mod:`harness.engines.base`) and one import below; nothing else changes.
@@ -16,7 +18,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from harness.api import Runner
-from harness.engines import cmd, hf, openai, vllm, vllm_release, vllm_server  # noqa: F401 - they register
+from harness.engines import (  # noqa: F401 - they register
+    cmd,
+    hf,
+    llamacpp,
+    openai,
+    vllm,
+    vllm_release,
+    vllm_server,
+)
 from harness.engines.base import ENGINES, RunnerContext, engine_key, parse_options, split_spec
 from harness.models import ModelRef
 

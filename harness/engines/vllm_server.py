@@ -10,31 +10,20 @@ engine argument, ``vllm-server:max_logprobs=5,kv_cache_dtype=fp8`` -> ``--max-lo
 
 from __future__ import annotations
 
-import http.client
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options, split_spec
+from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
-from harness.engines.procs import group_alive, kill_group, parent_death_signal, track
 from harness.engines.venvs import VenvError
 from harness.engines.vllm import START_TIMEOUT_S, default_engine_settings
 from harness.models import ModelRef
 from harness.speed import Speed
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def server_args(settings: Mapping[str, Any]) -> list[str]:
@@ -51,114 +40,24 @@ def server_args(settings: Mapping[str, Any]) -> list[str]:
     return out
 
 
-class VLLMServer:
+class VLLMServer(LoopbackServer):
     """One ``api_server`` process group. Use as a context manager, or ``start()`` / ``stop()``."""
+
+    label = "vLLM server"
 
     def __init__(self, model: ModelRef, settings: Mapping[str, Any] | None = None,
                  python: str | None = None, host: str = "127.0.0.1", port: int | None = None,
                  log_path: Path | None = None, start_timeout_s: float = START_TIMEOUT_S) -> None:
+        super().__init__(host, port, log_path, start_timeout_s)
         self.model = model
         self.settings = {**default_engine_settings(model), **(settings or {})}
         self.python = python or sys.executable
-        self.host = host
-        self.port = port
-        self.log_path = log_path
-        self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start_s: float | None = None
-        """Seconds from launch to ``/health`` answering 200."""
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
         # served under the model's name, so records name the model, not where it lies on disk
         return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model.path,
                 "--served-model-name", self.model.name,
                 *server_args(self.settings), "--host", self.host, "--port", str(self.port)]
-
-    def start(self) -> str:
-        """Launch and wait for ``/health``; returns the base URL. Raises :class:`EngineFailed`."""
-        for _attempt in range(3):  # the free port may be taken between probing and binding
-            self.port = self.port or free_port(self.host)
-            self._launch()
-            try:
-                self._wait_healthy()
-                return self.base_url
-            except EngineFailed as e:
-                in_use = "address already in use" in (e.log_tail or "").lower()
-                self.stop()
-                if not in_use:
-                    raise
-                self.port = None
-        raise EngineFailed("vLLM server: no free port after 3 attempts")
-
-    def _launch(self) -> None:
-        if self.log_path is None:
-            self.log_path = Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=parent_death_signal(),
-                                         env=_server_env())
-        track(self.proc)
-        self._t0 = time.perf_counter()
-
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if (why := self.exited()) is not None:
-                raise EngineFailed(f"vLLM server exited during start-up: {why}", self.log_tail())
-            try:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
-                conn.request("GET", "/health")
-                ok = conn.getresponse().status == 200
-                conn.close()
-                if ok:
-                    self.start_s = time.perf_counter() - self._t0
-                    return
-            except (OSError, http.client.HTTPException):
-                pass
-            time.sleep(1.0)
-        raise EngineFailed(f"vLLM server did not become healthy within {self.start_timeout_s:.0f} s",
-                           self.log_tail())
-
-    def exited(self) -> str | None:
-        """None while the server runs; else how it ended (for error messages)."""
-        if self.proc is None:
-            return "never started"
-        code = self.proc.poll()
-        return None if code is None else f"exit code {code}; log tail: {self.log_tail(600)!r}"
-
-    def log_tail(self, n: int = 4000) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        """Stop the whole process group (api_server, engine core, workers). Idempotent."""
-        if self.proc is not None:
-            kill_group(self.proc)
-
-    def running(self) -> bool:
-        return self.proc is not None and group_alive(self.proc.pid)
-
-    def __enter__(self) -> VLLMServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _server_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 class VLLMServerRunner:
@@ -210,7 +109,7 @@ class VLLMServerRunner:
             raise
         self.timings["server_start_s"] = float(self.server.start_s or 0.0)
         self.client = OpenAIRunner(OpenAIOptions(self.server.base_url + "/v1", self.concurrency),
-                                   name=self.name, watch=self.server.exited)
+                                   name=self.name, watch=self.server.exited, model=self.model)
         self.client.start()
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:

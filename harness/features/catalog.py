@@ -18,6 +18,8 @@ from harness.registry import unknown
 from harness.workspace import Workspace
 
 CATALOG = "features.toml"
+ORACLE_KEY = "oracle"
+"""``na = { oracle = "why" }``: the oracle column does not apply to a row (a kind without goldens)."""
 
 
 class CatalogError(ValueError):
@@ -44,11 +46,12 @@ class Row:
     """The models the feature is shown for, side by side (one line each)."""
     suite: str
     prove: tuple[str, ...]
-    """Comparators whose verdicts prove the row (all must pass on every case for ✅)."""
+    """Comparators whose verdicts prove the row (all must pass on every case for ✅). An invariance
+    suite's verdicts are named per variant and tier: ``inv_batch.bit_exact``, ``inv_batch.near_tie``."""
     candidates: Mapping[str, str] = field(default_factory=dict)
     """Column key -> the candidate spec for this row when it is not the column's (a configuration)."""
     na: Mapping[str, str] = field(default_factory=dict)
-    """Column key -> why the row does not apply to that engine."""
+    """Column key (or ``oracle``) -> why the row does not apply to that engine."""
     note: str = ""
 
     def spec(self, col: Column) -> str:
@@ -107,6 +110,10 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return None
     comp = raw.get("compare")
+    if raw.get("kind") == "invariance":  # its verdicts are named per variant and tier
+        from harness.invariance.settings import verdict_names
+
+        return verdict_names(raw)
     return list(comp) if isinstance(comp, dict) else []
 
 
@@ -171,7 +178,7 @@ def load_catalog(path: Path, ws: Workspace | None = None) -> Catalog:
                     if p not in have:
                         raise CatalogError(f"{rw}: suite {suite!r} has no comparator {p!r} "
                                            f"(its [compare] names {', '.join(have) or 'none'})")
-            na = _table(r, "na", rw, keys)
+            na = _table(r, "na", rw, [*keys, ORACLE_KEY])
             cands = _table(r, "candidates", rw, keys)
             note = r.get("note", "")
             if not isinstance(note, str):

@@ -79,6 +79,10 @@ def judge_record(rec: Record, prove: Sequence[str]) -> tuple[State, str]:
     missing = [c for c in prove if not any(v.comparator == c for v in rec.verdicts)]
     if missing:
         return "todo", f"the record has no {', '.join(missing)} verdicts"
+    proving = [v for v in rec.verdicts if v.comparator in prove]
+    if all(v.status == "refused" for v in proving):  # one part of a run refused (an invariance variant)
+        reason = proving[0].evidence.get("reason") or proving[0].summary
+        return "refused", str(reason).splitlines()[0] if reason else "refused"
     vac = vacuous_reasons(rec.controls, prove)
     if vac:
         return "vacuous", vac[0]
@@ -207,6 +211,8 @@ class Judge:
                     device_class(rec), self._newer(newer))
 
     def oracle_cell(self, row: Row, model: str) -> Cell:
+        if ORACLE in row.na:
+            return Cell("na", row.na[ORACLE])
         live = [lr for lr in self.matching(row, model, None) if lr.record.id not in self.sup
                 and lr.record.oracle.get("pin")]
         good = [lr for lr in live if not oracle_reasons(lr.record, self.current)]

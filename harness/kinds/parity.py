@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Verdict
 from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
+from harness.checks import candidate_checks, check_controls, check_gates, checks_summary
 from harness.controls import suite_controls
 from harness.distribution import Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
@@ -176,7 +177,9 @@ class Parity:
             verdicts = failure_verdicts(suite, golden.cases, status, reason, tail)
             extra["engine_" + status] = reason
         else:
-            verdicts = judge(golden, ran.outputs, suite, model.decode, caps, ran.scores)
+            # the candidate's self-checks (tokenizer parity, greedy self-consistency) come first
+            verdicts = (candidate_checks(golden.cases, ran.outputs, caps, model.decode)
+                        + judge(golden, ran.outputs, suite, model.decode, caps, ran.scores))
             if ran.scores is not None:
                 comps = [c for s in suite.comparators
                          if not isinstance(c := comparator_for(s.name, s.params, model.decode, caps), str)]
@@ -189,12 +192,14 @@ class Parity:
         extra.update(ran.speed)
         # The vacuous-gate guard: planted mutations against these goldens must fail (see controls.py).
         controls = suite_controls(suite, golden, model.decode, caps)
-        summary = summarize(suite, verdicts, golden.cases)
+        controls += check_controls(verdicts, golden.cases, golden.outputs, caps, model.decode)
+        summary = summarize(suite, verdicts, golden.cases) + checks_summary(verdicts)
         if dist is not None:
             summary = f"{summary} — {dist.summary()}"
         return Judgement(
             label=req.candidate, candidate=ran.info, verdicts=tuple(verdicts),
-            gates=tuple(s.name for s in suite.comparators if s.gate), controls=tuple(controls),
+            gates=tuple(s.name for s in suite.comparators if s.gate) + check_gates(verdicts),
+            controls=tuple(controls),
             summary=summary, timings=timings, extra=extra, golden=golden, distribution=dist,
             figure_title=f"{model.name} / {suite.name}: {req.candidate} vs oracle")
 

@@ -16,6 +16,14 @@ goldens, so a healthy case passes the gate exactly. Per case, a fault can be pla
 Server-wide quirks: ``max_logprobs`` (a 400 like vLLM's above it), ``text_only`` (ignores
 ``return_token_ids`` / ``return_tokens_as_token_ids`` and keys logprobs by text), ``api_key``
 (401 without ``Authorization: Bearer <key>``).
+
+Like llama-cpp-python: ``ids_refused`` (HTTP 422 for a token-id prompt; text prompts are turned into
+ids with ``encode``), ``render`` (logprobs keyed by each token's text as ``render(id)`` shows it, no
+token ids), ``tokenize`` (``extras``: ``POST /extras/tokenize``; ``tokenize``: ``POST /tokenize``;
+None: neither, so the client must echo), ``defaults`` (sampling defaults published in
+``/openapi.json``). Planted per case: ``tokenize_plant`` (case -> (position, id): the server's
+tokenization differs there, in the tokenize endpoint, the echo and the prompt it completes) and
+``non_greedy`` (case -> position: the runner-up is chosen there, its own top-1 left in the row).
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import numpy as np
 
 from harness.api import Output
 
@@ -41,6 +51,14 @@ class Double:
     max_logprobs: int = 20
     text_only: bool = False
     api_key: str | None = None
+    ids_refused: bool = False
+    encode: Callable[[str], Sequence[int]] | None = None
+    render: Callable[[int], str] | None = None
+    tokenize: str | None = None
+    defaults: dict[str, Any] | None = None
+    tokenize_plant: dict[str, tuple[int, int]] = field(default_factory=dict)
+    non_greedy: dict[str, int] = field(default_factory=dict)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
     delay_s: float = 0.0
     """Each (non-probe) request takes this long: lets concurrency show."""
     attempts: Counter[str] = field(default_factory=Counter)
@@ -50,43 +68,87 @@ class Double:
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
 
+    def served_ids(self, text: str) -> list[int]:
+        """What this server's tokenizer makes of ``text`` (with the planted difference)."""
+        assert self.encode is not None
+        ids = list(self.encode(text))
+        for cid, (pos, tid) in self.tokenize_plant.items():
+            case_ids = next(k for k, v in self.answers.items() if v[0] == cid)
+            if tuple(ids) == case_ids or (len(ids) > pos and tuple(ids) == case_ids[:len(ids)]):
+                ids[pos] = tid
+        return ids
+
     def completion(self, body: Mapping[str, Any]) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
         """(case id, non-streamed body, per-token choices for streaming)."""
-        prompt = tuple(body["prompt"])
+        prompt = tuple(body["prompt"]) if not isinstance(body["prompt"], str) else tuple(self.served_ids(
+            body["prompt"]))
         # The runner's probe sends a prefix of the first case.
         cid, out = self.answers.get(prompt) or next(
-            v for key, v in self.answers.items() if key[:len(prompt)] == prompt)
+            (v for key, v in self.answers.items() if key[:len(prompt)] == prompt),
+            self._nearest(prompt))
+        if cid in self.non_greedy:
+            out = _runner_up(out, self.non_greedy[cid])
         n = min(int(body.get("max_tokens", 16)), len(out.token_ids))
         k = body.get("logprobs")
-        as_ids = bool(body.get("return_tokens_as_token_ids")) and not self.text_only
-        key = (lambda t: f"token_id:{t}") if as_ids else (lambda t: f"tok{t}")
+        as_ids = bool(body.get("return_tokens_as_token_ids")) and not self.text_only and self.render is None
+        render = self.render
+        key = (lambda t: f"token_id:{t}") if as_ids else (render or (lambda t: f"tok{t}"))
         steps = []
         for p in range(n):
             tid = int(out.token_ids[p])
             # All text on the first token: the double cannot split the golden text by token.
             ch: dict[str, Any] = {"index": 0, "text": out.text if p == 0 else "", "finish_reason": None}
-            if body.get("return_token_ids") and not self.text_only:
+            if body.get("return_token_ids") and not self.text_only and self.render is None:
                 ch["token_ids"] = [tid]
             if k:
                 assert out.top_ids is not None and out.top_logprobs is not None
-                row = {key(int(t)): float(v) for t, v in zip(out.top_ids[p][:k], out.top_logprobs[p][:k],
-                                                             strict=True)}
+                # like llama-cpp-python: ascending, so a colliding text keeps the lower logprob
+                pairs = list(zip(out.top_ids[p][:k], out.top_logprobs[p][:k], strict=True))
+                row = {key(int(t)): float(v) for t, v in (pairs[::-1] if render else pairs)}
+                chosen = (float(out.chosen_logprobs[p]) if out.chosen_logprobs is not None
+                          else float(out.top_logprobs[p][0]))
+                row[key(tid)] = chosen  # OpenAI's rule: the chosen token is always in the row
                 if self.faults.get(cid) == "wrong-logprobs" and p == 3:
                     row = dict(list(row.items())[:2])
-                ch["logprobs"] = {"tokens": [key(tid)], "token_logprobs": [float(out.top_logprobs[p][0])],
+                ch["logprobs"] = {"tokens": [key(tid)], "token_logprobs": [chosen],
                                   "top_logprobs": [row], "text_offset": [p]}
             steps.append(ch)
         if steps:
             steps[-1]["finish_reason"] = "length" if n == body.get("max_tokens") else "stop"
         merged: dict[str, Any] = {"index": 0, "text": "".join(s["text"] for s in steps),
                                   "finish_reason": steps[-1]["finish_reason"] if steps else "length"}
-        if body.get("return_token_ids") and not self.text_only:
+        if body.get("return_token_ids") and not self.text_only and self.render is None:
             merged["token_ids"] = [t for s in steps for t in s["token_ids"]]
         if k:
             merged["logprobs"] = {f: [x for s in steps for x in s["logprobs"][f]]
                                   for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+        if body.get("echo") and render is not None and k:
+            # the prompt's tokens, as texts, ahead of the generated ones (no logprobs for them here)
+            lp = merged["logprobs"]
+            lp["tokens"] = [render(t) for t in prompt] + lp["tokens"]
+            for f in ("token_logprobs", "top_logprobs"):
+                lp[f] = [None] * len(prompt) + lp[f]
+            lp["text_offset"] = list(range(len(prompt))) + lp["text_offset"]
         return cid, {"id": "cmpl-1", "object": "text_completion", "choices": [merged],
                      "system_fingerprint": "double-1"}, steps
+
+    def _nearest(self, prompt: tuple[int, ...]) -> tuple[str, Output]:
+        """A prompt tokenized with a planted difference: the case whose ids differ least."""
+        def score(key: tuple[int, ...]) -> int:
+            return sum(a != b for a, b in zip(key, prompt, strict=False)) + abs(len(key) - len(prompt))
+        return self.answers[min(self.answers, key=score)]
+
+
+def _runner_up(out: Output, p: int) -> Output:
+    """``out`` with the runner-up chosen at position ``p`` (its top-k row left as it was)."""
+    assert out.top_ids is not None and out.top_logprobs is not None
+    toks = list(out.token_ids)
+    toks[p] = int(out.top_ids[p][1])
+    chosen = np.array(out.chosen_logprobs if out.chosen_logprobs is not None else out.top_logprobs[:, 0],
+                      np.float32, copy=True)
+    chosen[p] = out.top_logprobs[p][1]
+    return Output(out.case_id, tuple(toks), out.text, out.top_ids, out.top_logprobs, chosen,
+                  out.finish_reason)
 
 
 def _handler(d: Double) -> type[BaseHTTPRequestHandler]:
@@ -118,12 +180,35 @@ def _handler(d: Double) -> type[BaseHTTPRequestHandler]:
                 self._send(200, json.dumps({"data": [{"id": "tiny", "owned_by": "double"}]}).encode())
             elif self.path == "/version":
                 self._send(200, b'{"version": "9.9.9"}')
+            elif self.path == "/openapi.json" and d.defaults is not None:
+                schema = {"properties": {k: {"default": v} for k, v in d.defaults.items()}}
+                doc = {"paths": {"/v1/completions": {"post": {"requestBody": {"content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Req"}}}}}}},
+                    "components": {"schemas": {"Req": schema}}}
+                self._send(200, json.dumps(doc).encode())
             else:
                 self._send(404, b"{}")
 
         def do_POST(self) -> None:  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             if not self._authorized():
+                return
+            if self.path in ("/extras/tokenize", "/tokenize"):
+                if d.tokenize is None or self.path != {"extras": "/extras/tokenize",
+                                                       "tokenize": "/tokenize"}[d.tokenize]:
+                    self._send(404, b'{"detail": "Not Found"}')
+                    return
+                text = body.get("input") if self.path == "/extras/tokenize" else body.get("content")
+                self._send(200, json.dumps({"tokens": d.served_ids(str(text))}).encode())
+                return
+            with d.lock:
+                d.bodies.append(body)
+            if isinstance(body.get("prompt"), list) and d.ids_refused:
+                msg = "prompt: Input should be a valid string"
+                self._send(422, json.dumps({"error": {"message": msg, "code": 422}}).encode())
+                return
+            if isinstance(body.get("prompt"), str) and d.encode is None:
+                self._send(422, b'{"error": {"message": "prompt: token ids only", "code": 422}}')
                 return
             k = body.get("logprobs") or 0
             if k > d.max_logprobs:

@@ -1,0 +1,276 @@
+"""The engines of an invariance run: each group of the plan in one engine start, in plan order.
+
+vLLM groups run :mod:`harness.invariance.phase` in a child process group (killed, whatever
+happens, when it ends); the server group starts one OpenAI server (:class:`VLLMServer`) and replays
+the prompts at each concurrency through :class:`OpenAIRunner`; the trainer (``hf``) scores the
+rollouts' tokens through its :class:`~harness.api.TensorSource` ability. A configuration the engine
+refuses comes back as a ``refused`` group with vLLM's own reason, a crash as ``error`` with the
+log's tail — never as an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, TensorSource
+from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.invariance.plan import Group, Pass, Plan
+from harness.models import ModelRef
+from harness.teacher import scored_output
+
+Status = Literal["ok", "refused", "error", "not run"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GroupResult:
+    """What one engine start produced."""
+
+    key: str
+    settings: Mapping[str, Any]
+    status: Status
+    reason: str = ""
+    log_tail: str = ""
+    version: str = ""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    outputs: Mapping[str, Mapping[str, Output]] = field(default_factory=dict)
+    """pass -> request key -> generation."""
+    cached: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
+    """pass -> request key -> ``num_cached_tokens`` (prefix-cache or connector hits)."""
+    scores: Mapping[str, Mapping[str, Output]] = field(default_factory=dict)
+    """pass -> request key -> prefill score of a sequence."""
+    counters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """pass -> the change of vLLM's counters over it (preemptions, speculative drafts ...)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def output(self, pass_name: str, key: str) -> Output:
+        got = self.outputs.get(pass_name, {}).get(key)
+        return got if got is not None else Output(key, (), error=f"{self.key} engine: no result for "
+                                                            f"{key} in pass {pass_name}")
+
+
+def output_from_line(d: Mapping[str, Any]) -> Output:
+    """A worker's ``case`` line as an :class:`Output`."""
+    n = len(d["token_ids"])
+    arr = d.get("top_ids") is not None
+    return Output(str(d.get("key", d.get("id", ""))), tuple(int(t) for t in d["token_ids"]),
+                  d.get("text", ""),
+                  np.asarray(d["top_ids"], np.int32).reshape(n, -1) if arr else None,
+                  np.asarray(d["top_logprobs"], np.float32).reshape(n, -1) if arr else None,
+                  np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
+                  str(d.get("finish_reason", "")),
+                  error="the engine finished the request with an error"
+                  if d.get("finish_reason") == "error" else None)
+
+
+def parse_result(key: str, settings: Mapping[str, Any], lines: Sequence[Mapping[str, Any]], rc: int,
+                 log: str, timed_out: str | None = None) -> GroupResult:
+    """A phase's RESULT.jsonl (+ exit code and log) as a :class:`GroupResult`."""
+    from harness.engines.vllm import root_cause
+
+    head = lines[0] if lines else {}
+    tail = log[-4000:]
+    if timed_out:
+        return GroupResult(key, settings, "error", timed_out, tail)
+    if head.get("kind") == "refused":
+        return GroupResult(key, settings, "refused", str(head.get("reason", "")), tail)
+    complete = bool(lines) and lines[-1].get("kind") == "end"
+    if head.get("kind") != "meta" or (rc != 0 and not complete):
+        cause = root_cause(log)
+        if cause is not None:
+            return GroupResult(key, settings, cause[0], cause[1], tail)  # type: ignore[arg-type]
+        return GroupResult(key, settings, "error",
+                           str(head.get("reason") or f"the {key} engine exited with {rc}"), tail)
+    outputs: dict[str, dict[str, Output]] = {}
+    cached: dict[str, dict[str, int | None]] = {}
+    scores: dict[str, dict[str, Output]] = {}
+    counters: dict[str, dict[str, Any]] = {}
+    for d in lines[1:]:
+        kind, p = d.get("kind"), str(d.get("pass", ""))
+        if kind == "case":
+            outputs.setdefault(p, {})[d["key"]] = output_from_line(d)
+            cached.setdefault(p, {})[d["key"]] = d.get("num_cached_tokens")
+        elif kind == "score":
+            scores.setdefault(p, {})[d["key"]] = scored_output(d["key"], d["token_ids"], d["top_ids"],
+                                                               d["top_logprobs"], d["chosen_logprobs"])
+        elif kind == "counters":
+            counters[p] = {k: v for k, v in d.items() if k not in ("kind", "pass")}
+    return GroupResult(key, settings, "ok", "", "", str(head.get("version", "")),
+                       dict(head.get("timings", {})), dict(head), outputs, cached, scores, counters)
+
+
+def _score_list(p: Pass, done: Mapping[str, GroupResult]) -> list[dict[str, Any]]:
+    if p.score_from is None:
+        return []
+    src = done.get(p.score_from[0])
+    if src is None or not src.ok:
+        return []
+    prompts = {r.key: r.prompt_ids for r in p.requests}
+    return [{"key": k, "prompt_ids": list(prompts[k]), "continuation_ids": list(o.token_ids)}
+            for k, o in src.outputs.get(p.score_from[1], {}).items() if k in prompts and o.error is None]
+
+
+def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
+                   done: Mapping[str, GroupResult], timeout_s: float) -> GroupResult:
+    """One engine start running every pass of ``g`` (:mod:`harness.invariance.phase`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    req, res, log = (folder / f"{g.key}.{x}" for x in ("request.json", "result.jsonl", "log"))
+    req.write_text(json.dumps({"model": model.path, "engine": dict(g.settings),
+                               "sampling": sampling.to_json(),
+                               "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    timed_out = None
+    with log.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)],
+                                stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
+                                start_new_session=True, preexec_fn=parent_death_signal())
+        track(proc)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc, timed_out = -9, f"the {g.key} engine did not finish within {timeout_s:.0f} s"
+        finally:
+            kill_group(proc)  # the engine-core and worker processes live in that group too
+    lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
+    return parse_result(g.key, g.settings, lines, rc, log.read_text(errors="replace"), timed_out)
+
+
+def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling: Sampling,
+                     folder: Path) -> GroupResult:
+    """One OpenAI server; the same prompts at each concurrency of ``g.levels``, in order."""
+    from harness.engines.openai import OpenAIOptions, OpenAIRunner
+    from harness.engines.vllm_server import VLLMServer, server_args
+
+    folder.mkdir(parents=True, exist_ok=True)
+    server = VLLMServer(model, g.settings, log_path=folder / "server.log")
+    outputs: dict[str, dict[str, Output]] = {}
+    timings: dict[str, float] = {}
+    version = ""
+    try:
+        server.start()
+        timings["engine_start_s"] = float(server.start_s or 0.0)
+        for c in g.levels:
+            client = OpenAIRunner(OpenAIOptions(server.base_url + "/v1", int(c)), name=f"c{c}",
+                                  watch=server.exited)
+            client.start()
+            t0 = time.perf_counter()
+            outs = client.run(cases, sampling)
+            timings[f"pass_c{c}_s"] = time.perf_counter() - t0
+            outputs[f"c{c}"] = {o.case_id: o for o in outs}
+            version = client.info().version
+    except (EngineFailed, EngineRefused) as e:
+        from harness.engines.vllm import root_cause
+
+        log = server.log_tail(200_000)
+        cause = root_cause(log)
+        refused = isinstance(e, EngineRefused) or (cause is not None and cause[0] == "refused")
+        status: Status = "refused" if refused else "error"
+        return GroupResult(g.key, g.settings, status, cause[1] if cause else str(e), log[-4000:],
+                           timings=timings)
+    finally:
+        server.stop()
+    return GroupResult(g.key, g.settings, "ok", version=version, timings=timings, outputs=outputs,
+                       meta={"server_args": server_args(g.settings)})  # the flags, not the model's path
+
+
+BUSY_MEMORY = "less than desired CPU memory utilization"
+"""vLLM on CPU refuses to start while other processes hold the memory its fraction asks for: a
+busy machine, not a property of the configuration; the start is tried again after a pause."""
+BUSY_RETRIES, BUSY_WAIT_S = 2, 60.0
+
+
+def run_plan(plan: Plan, model: ModelRef, sampling: Sampling, folder: Path, timeout_s: float,
+             progress: Callable[[str], None] | None = None) -> dict[str, GroupResult]:
+    """Every group of the plan, in order; one engine start each (a start that met a busy machine
+    is tried again, and its attempts are counted in its timings)."""
+    done: dict[str, GroupResult] = {}
+    for g in plan.groups:
+        if progress:
+            progress(f"engine {g.key}: {', '.join(g.serves)}")
+        t0 = time.perf_counter()
+        for attempt in range(1 + BUSY_RETRIES):
+            if g.levels:
+                r = run_server_group(g, model, plan.cases, sampling, folder / g.key)
+            else:
+                r = run_vllm_group(g, model, sampling, folder / g.key, done, timeout_s)
+            if r.ok or BUSY_MEMORY not in r.reason or attempt == BUSY_RETRIES:
+                break
+            if progress:
+                progress(f"engine {g.key}: the machine's memory is busy ({r.reason[:100]}); again in "
+                         f"{BUSY_WAIT_S:.0f} s")
+            time.sleep(BUSY_WAIT_S)
+        done[g.key] = GroupResult(**{**_fields(r), "timings": {
+            **r.timings, "wall_s": time.perf_counter() - t0, "attempts": float(attempt + 1)}})
+    return done
+
+
+def _fields(r: GroupResult) -> dict[str, Any]:
+    return {f: getattr(r, f) for f in GroupResult.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TrainerResult:
+    spec: str
+    status: Status
+    reason: str = ""
+    info: Mapping[str, Any] = field(default_factory=dict)
+    scores: Mapping[str, Output] = field(default_factory=dict)
+    """rollout key -> the trainer's logprobs of the rollout's tokens, in the rollout's mode."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+def run_trainer(spec: str, model: ModelRef, rollouts: Mapping[str, tuple[Case, Output]],
+                to_logprobs: Callable[[np.ndarray], np.ndarray], k: int, folder: Path) -> TrainerResult:
+    """Teacher forcing: the trainer's logits at every sampled token (one forward pass over prompt +
+    rollout), turned into logprobs by ``to_logprobs`` (the rollout engine's logprob mode)."""
+    from harness.engines import RunnerContext, make_runner
+
+    folder.mkdir(parents=True, exist_ok=True)
+    runner = make_runner(spec, model, RunnerContext(run_dir=folder))
+    if not isinstance(runner, TensorSource):
+        return TrainerResult(spec, "refused", f"the trainer {spec!r} cannot return logits (no TensorSource "
+                                              f"ability): it cannot score in the rollout's logprob mode")
+    t0 = time.perf_counter()
+    try:
+        runner.start()
+        cases = [Case(key, case.prompt_ids) for key, (case, out) in rollouts.items() if out.error is None
+                 and out.token_ids]
+        conts = {key: rollouts[key][1].token_ids for key in (c.id for c in cases)}
+        t1 = time.perf_counter()
+        tensors = runner.capture_tensors(cases, conts)
+        scores = {}
+        for key, cont in conts.items():
+            lp = to_logprobs(np.asarray(tensors[key]["logits"], np.float32))
+            scores[key] = _score_of(key, cont, lp, k)
+        info = runner.info().to_json()
+    except (EngineRefused, EngineFailed) as e:
+        return TrainerResult(spec, "refused" if isinstance(e, EngineRefused) else "error", str(e))
+    finally:
+        runner.close()
+    return TrainerResult(spec, "ok", "", info, scores, {"trainer_score_s": time.perf_counter() - t1,
+                                                      "trainer_wall_s": time.perf_counter() - t0})
+
+
+def _score_of(key: str, cont: Sequence[int], lp: np.ndarray, k: int) -> Output:
+    n = len(cont)
+    lp = lp[:n]
+    kk = lp.shape[1] if k <= 0 or k >= lp.shape[1] else k
+    order = np.argsort(-lp, axis=1, kind="stable")[:, :kk]
+    top = np.take_along_axis(lp, order, axis=1)
+    chosen = lp[np.arange(n), np.asarray(cont, np.int64)]
+    return scored_output(key, cont, order.astype(np.int32), top.astype(np.float32), chosen.astype(np.float32))

@@ -239,6 +239,10 @@ class RunFacts:
     ``block_size``) for a paged cache, or ``bytes_per_token`` for a cache measured in bytes."""
     case_facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per case id: engine facts such as ``num_cached_tokens`` (prefix-cache hits)."""
+    device: Mapping[str, Any] = field(default_factory=dict)
+    """``{"class", "fingerprint"}`` (:mod:`harness.device`) of the process the engine computed in,
+    when the engine reports it (vLLM's worker: its kernel library, ATen capability, steering);
+    empty: the harness process's own (:func:`harness.provenance.device_facts`)."""
 
 
 @runtime_checkable

@@ -7,7 +7,10 @@ Layout of ``goldens/<model>/<suite>/``:
 * ``logprobs.safetensors`` per case ``<id>.top_ids`` [T,k] int32, ``<id>.top_logprobs`` [T,k] f32,
                            ``<id>.chosen_logprobs`` [T] f32 (no pickle).
 * ``manifest.json``        oracle engine + exact version, model name + digest, suite name +
-                           version, sampling, harness SHA, platform, date, sha256 of every file.
+                           version, sampling, harness SHA, platform, date, sha256 of every file,
+                           and ``device``: the oracle's device class and fingerprint
+                           (``harness.device``; absent from goldens older than fingerprints,
+                           whose class reads as "unknown").
 
 Goldens are written only by ``harness record`` (``make record``); a candidate run opens them
 read-only and refuses any whose checksums, suite version, model digest or oracle pin disagree.
@@ -28,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, EngineInfo, Output, Sampling
+from harness.device import device_block, recorded_class
 from harness.models import ModelRef
 from harness.pin import OraclePin
 from harness.suites import Suite
@@ -65,6 +69,12 @@ class Golden:
     def checksums(self) -> Mapping[str, str]:
         return self.manifest["files"]
 
+    @property
+    def device_class(self) -> str:
+        """The oracle's device class when these goldens were recorded; "unknown" for goldens
+        recorded before fingerprints existed (never assumed equal to any class)."""
+        return recorded_class(self.manifest)
+
 
 def golden_dir(goldens_root: Path, model: ModelRef, suite_name: str) -> Path:
     return goldens_root / model.slug / suite_name
@@ -77,7 +87,11 @@ def _sha256(path: Path) -> str:
 def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence[Case],
                  outputs: Sequence[Output], oracle: EngineInfo, pin: OraclePin,
                  provenance: Mapping[str, Any]) -> Path:
-    """Write a complete golden set into ``folder`` atomically (all files or none)."""
+    """Write a complete golden set into ``folder`` atomically (all files or none).
+
+    The manifest's ``device`` is this machine's class and fingerprint for the CPU (the pinned
+    oracle is the CPU build of vLLM, run with this process's environment); a ``device`` entry in
+    ``provenance`` (e.g. with the kernel library the engine reported) replaces it."""
     from safetensors.numpy import save_file
 
     by_id = {o.case_id: o for o in outputs}
@@ -109,6 +123,7 @@ def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence
             "model": {"name": model.name, "digest": model.digest},
             "suite": {"name": suite.name, "version": suite.version, "digest": suite.digest},
             "sampling": suite.sampling.to_json(),
+            "device": device_block("cpu"),
             **provenance,
             "files": {f: _sha256(tmp / f) for f in (CASES_FILE, ARRAYS_FILE)},
         }

@@ -65,13 +65,15 @@ def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin 
     if info.version != pin.version:
         raise GoldenError(f"the installed vLLM is {info.version} but the oracle pin is {pin.spec}: "
                           f"run `make venv` to install the pin before recording")
-    timings = {**runner.facts().timings, "record_wall_s": time.perf_counter() - t0}
+    facts = runner.facts()
+    timings = {**facts.timings, "record_wall_s": time.perf_counter() - t0}
     folder = write_golden(
         golden_dir(ws.goldens, model, suite.name), model=model, suite=suite, cases=cases,
         outputs=outputs, oracle=EngineInfo(ORACLE, info.engine, info.version, settings=info.settings),
         pin=pin, provenance={
             "harness_sha": git_sha(ws.root), "harness_dirty": git_dirty(ws.root),
-            "platform": platform_facts(), "device": device_facts(), "created": now_utc(),
+            "platform": platform_facts(), "device": dict(facts.device) or device_facts(),
+            "created": now_utc(),
             "timings": timings})
     return read_golden(folder, model_name=model.name, suite_name=suite.name)
 

@@ -48,5 +48,8 @@ def platform_facts() -> dict[str, Any]:
 
 
 def device_facts() -> dict[str, Any]:
-    """The fingerprint of the device this process computes on (filled in by harness.device)."""
-    return {}
+    """``{"class", "fingerprint"}`` of the device this process computes on (:mod:`harness.device`;
+    an engine that runs in a process of its own reports its own: ``RunFacts.device``)."""
+    from harness.device import device_block
+
+    return device_block()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.device import device_block, engine_fingerprint
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.models import ModelRef
@@ -220,7 +221,8 @@ class VLLMRunner:
                    "cache_dtype": self.meta.get("cache_dtype"),
                    "source": "vLLM cache_config.num_gpu_blocks x block_size"}
         return RunFacts(timings=dict(self.timings), speed=self.speed, batched=self.concurrency is None,
-                        kv_capacity=cap, case_facts={k: dict(v) for k, v in self.case_meta.items()})
+                        kv_capacity=cap, case_facts={k: dict(v) for k, v in self.case_meta.items()},
+                        device=device_block("cpu", engine_fingerprint(self.meta)) if self.meta else {})
 
     def close(self) -> None:
         """The child process has exited by the time ``run`` returns."""

@@ -113,6 +113,58 @@ def output_fields(result: Any, k: int) -> dict[str, Any]:
             "num_cached_tokens": getattr(result, "num_cached_tokens", None)}
 
 
+def _process_tree(root: int) -> list[int]:
+    """``root`` and its live descendants (vLLM's engine-core and worker processes), from /proc."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parent[int(entry)] = int(fh.read().rsplit(")", 1)[-1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    tree, todo = [root], [root]
+    while todo:
+        me = todo.pop()
+        kids = [pid for pid, ppid in parent.items() if ppid == me]
+        tree += kids
+        todo += kids
+    return tree
+
+
+def kernel_facts() -> dict[str, Any]:
+    """Which CPU kernels this engine really uses: vLLM's compiled libraries (``_C``,
+    ``_C_AVX512``, ``_C_AVX2``: the one ``import_kernels`` chose) mapped into this process or its
+    engine-core / worker processes (their /proc/<pid>/maps; Linux only), torch's ATen CPU
+    capability, and what ``torch.cpu``'s feature probes answer (vLLM chooses libraries and
+    attention/GEMM paths by them)."""
+    libs: set[str] = set()
+    seen = 0
+    try:
+        for pid in _process_tree(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/maps") as fh:
+                    names = {line.rsplit("/", 1)[-1].strip() for line in fh if "/vllm/_C" in line}
+            except OSError:
+                continue
+            found = {n.split(".", 1)[0] for n in names if n.endswith(".so")}
+            seen += bool(found)
+            libs |= found
+    except OSError:
+        pass
+    facts: dict[str, Any] = {"kernel_libraries": sorted(libs), "processes_with_kernels": seen}
+    try:
+        import torch
+
+        facts["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+        facts["cpu_probes"] = {name: bool(getattr(torch.cpu, f"_is_{name}_supported")())
+                               for name in ("avx2", "avx512", "avx512_bf16", "amx_tile")
+                               if hasattr(torch.cpu, f"_is_{name}_supported")}
+    except Exception as e:  # noqa: BLE001 - facts for the record, never a reason to fail the run
+        facts["error"] = f"{type(e).__name__}: {e}"
+    return facts
+
+
 # ---------------------------------------------------------------------------------------------
 # Whole distributions as arrays (suites with logprobs = "full")
 
@@ -494,6 +546,7 @@ def main(request_path: str, result_path: str) -> int:
             "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
             "block_size": getattr(cache, "block_size", None),
             "cache_dtype": str(getattr(cache, "cache_dtype", "")),
+            "kernel": kernel_facts(),
             **({"full_capture": "engine-hook" if files.hooked else "logprob-dicts",
                 "full_vocab": files.vocab, **({"full_no_hook": no_hook} if no_hook else {})}
                if files else {}),

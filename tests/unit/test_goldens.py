@@ -106,3 +106,23 @@ def test_jsonl_is_sorted_one_case_per_line(workspace: Workspace) -> None:
     ids = [json.loads(x)["id"] for x in lines]
     assert ids == sorted(ids)
     assert all(x == json.dumps(json.loads(x), sort_keys=True, ensure_ascii=False) for x in lines)
+
+
+def test_goldens_carry_the_device_class_and_old_ones_read_as_unknown(workspace: Workspace,
+                                                                     tmp_path: Path) -> None:
+    from harness.device import device_class, fingerprint
+
+    old = read_golden(_folder(workspace), model_name="tiny-llama", suite_name="smoke")
+    assert "device" not in old.manifest and old.device_class == "unknown"  # recorded before fingerprints
+    model = resolve_model("tiny-llama", workspace)
+    suite = find_suite(workspace.suites, "smoke")
+    target = write_golden(tmp_path / "g" / "smoke", model=model, suite=suite, cases=list(old.cases),
+                          outputs=list(old.outputs.values()), oracle=old.oracle, pin=PIN, provenance={})
+    new = read_golden(target, model_name="tiny-llama", suite_name="smoke")
+    assert new.device_class == device_class(fingerprint(), "cpu") != "unknown"
+    assert new.manifest["device"]["fingerprint"]["cpu"]["arch"]
+    given = {"class": "cpu-x86_64-avx2", "fingerprint": {"cpu": {}}}
+    target = write_golden(tmp_path / "h" / "smoke", model=model, suite=suite, cases=list(old.cases),
+                          outputs=list(old.outputs.values()), oracle=old.oracle, pin=PIN,
+                          provenance={"device": given})
+    assert read_golden(target, model_name="tiny-llama", suite_name="smoke").device_class == "cpu-x86_64-avx2"

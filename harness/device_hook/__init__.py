@@ -1,0 +1,1 @@
+"""The start-up hook of emulated-ISA runs: this folder goes on child processes' PYTHONPATH."""

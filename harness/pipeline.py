@@ -16,6 +16,8 @@ from typing import Any
 
 from harness.api import Runner
 from harness.controls import UNGUARDED, guard
+from harness.device import UNKNOWN, recorded_class
+from harness.device_policy import DevicePolicy, policy
 from harness.distribution import FIGURES
 from harness.goldens import Golden
 from harness.kinds import KINDS, GateKind, GateRequest, Judgement
@@ -84,6 +86,15 @@ def unguarded(j: Judgement) -> tuple[Control, ...]:
                  for g in j.gates if g in judged and g not in guarded)
 
 
+def cross_device(j: Judgement) -> DevicePolicy:
+    """What may be expected between the goldens' device class and the candidate's, as the engine
+    reported it (``unknown`` for one that does not say: a remote server, a CLI)."""
+    assert j.golden is not None
+    candidate = str(j.candidate.environment.get("device_class") or UNKNOWN)
+    dtype = str(j.candidate.settings.get("dtype") or j.golden.oracle.settings.get("dtype") or "float32")
+    return policy(recorded_class(j.golden.manifest), candidate, dtype=dtype)
+
+
 def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
                  created: str | None = None) -> Record:
     """The one record builder: provenance, guard, timings, figures' names."""
@@ -94,10 +105,15 @@ def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
     summary = j.summary + (" — VACUOUS: " + "; ".join(vacuous) if outcome == "vacuous" else "")
     timings = dict(j.timings)
     extra: dict[str, Any] = dict(j.extra)
+    host = device_facts()
     if j.golden is not None:
         oracle = golden_provenance(j.golden)
         timings.update({f"{RECORDED_ORACLE}{k}": float(v)
                         for k, v in (j.golden.manifest.get("timings") or {}).items()})
+        cross = cross_device(j)
+        extra["cross_device"] = cross.to_json()
+        if not cross.same_class and cross.candidate_class != UNKNOWN:
+            summary += f" — {cross.statement}"  # the verdict text names both classes
     else:
         oracle = dict(j.reference)
     if vacuous:
@@ -113,7 +129,7 @@ def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
                "kind": kind.name},
         oracle=oracle, candidate=j.candidate, harness={"sha": sha, "dirty": git_dirty(ws.root)},
         outcome=outcome, summary=summary, verdicts=j.verdicts, gates=j.gates, timings=timings,
-        controls=controls, platform=platform_facts(), device=device_facts(), extra=extra)
+        controls=controls, platform=platform_facts(), device=host, extra=extra)
 
 
 def write_with_figures(ws: Workspace, record: Record, j: Judgement) -> Path:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.device import device_block
 from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.hf_decode import (
     KV_CHOICES,
@@ -181,7 +182,8 @@ class HFRunner:
                    "kv_bytes": int(self.kv_facts["kv_bytes"]),
                    "source": "bytes held by the transformers cache tensors (quantized data, scales, "
                              "full-precision residual) after the longest case"}
-        return RunFacts(timings=dict(self.timings), kv_capacity=cap)
+        return RunFacts(timings=dict(self.timings), kv_capacity=cap,
+                        device=device_block("cuda" if self.device.startswith("cuda") else "cpu"))
 
     def close(self) -> None:
         self._lm = None

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.device import device_block
 from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf, sha256_file
 from harness.engines.loopback import LoopbackServer
@@ -186,7 +187,8 @@ class LlamaCppRunner:
 
     def facts(self) -> RunFacts:
         client = self.client.facts() if self.client else RunFacts()
-        return RunFacts(timings=dict(self.timings), speed=client.speed, capabilities=client.capabilities)
+        return RunFacts(timings=dict(self.timings), speed=client.speed, capabilities=client.capabilities,
+                        device=device_block("cpu") if self.client else {})
 
     def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
                        levels: Sequence[int]) -> dict[int, Speed]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
+from harness.device import device_block
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options, split_spec
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
@@ -90,7 +91,7 @@ class VLLMServerRunner:
     def facts(self) -> RunFacts:
         client = self.client.facts() if self.client else RunFacts()
         return RunFacts(timings=dict(self.timings), speed=client.speed,
-                        capabilities=client.capabilities)
+                        capabilities=client.capabilities, device=device_block() if self.server else {})
 
     def start(self) -> None:
         try:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.goldens import Golden
 from harness.kinds.base import KINDS, GateRequest, Judgement
 from harness.oracle import load_or_record
-from harness.provenance import now_utc
+from harness.provenance import device_facts, now_utc
 from harness.workspace import Workspace
 
 
@@ -59,8 +59,10 @@ class KVRoundTrip:
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Any) -> Judgement:
         rt, wall = ran
+        engine = replace(rt.engine, environment={**rt.engine.environment,  # the phases ran on this host
+                                                  "device_class": device_facts().get("class")})
         return Judgement(
-            label=f"kv-{rt.engine.name}", candidate=rt.engine, verdicts=tuple(rt.verdicts),
+            label=f"kv-{rt.engine.name}", candidate=engine, verdicts=tuple(rt.verdicts),
             gates=tuple(rt.gates), controls=tuple(rt.controls), summary=rt.summary,
             timings={**prepared.timings, "roundtrip_wall_s": wall, **rt.timings}, extra=dict(rt.extra),
             golden=prepared.golden)

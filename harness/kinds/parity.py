@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Verdict
@@ -196,8 +196,11 @@ class Parity:
         summary = summarize(suite, verdicts, golden.cases) + checks_summary(verdicts)
         if dist is not None:
             summary = f"{summary} — {dist.summary()}"
+        info = ran.info
+        if ran.facts is not None and ran.facts.device.get("class"):
+            info = replace(info, environment={**info.environment, "device_class": ran.facts.device["class"]})
         return Judgement(
-            label=req.candidate, candidate=ran.info, verdicts=tuple(verdicts),
+            label=req.candidate, candidate=info, verdicts=tuple(verdicts),
             gates=tuple(s.name for s in suite.comparators if s.gate) + check_gates(verdicts),
             controls=tuple(controls),
             summary=summary, timings=timings, extra=extra, golden=golden, distribution=dist,

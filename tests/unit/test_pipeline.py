@@ -173,3 +173,25 @@ def test_records_of_every_kind_round_trip(workspace: Workspace) -> None:
     rec = build_record(workspace, req, KINDS.get("kv_roundtrip"), replace(j, controls=ok_controls(
         ("byte_equal",))))
     assert Record.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+
+
+def test_a_candidate_on_another_device_class_is_named_in_the_record_and_the_verdict_text(
+        workspace: Workspace) -> None:
+    req, j = _judgement(workspace, "smoke")
+    j = replace(j, label="hf", controls=ok_controls(("byte_equal",)),
+                candidate=EngineInfo("hf", "transformers", "5", environment={"device_class": "cpu-x86_64-avx2"}))
+    golden = j.golden
+    assert golden is not None
+    kind = KINDS.get("parity")
+    known = replace(golden, manifest={**golden.manifest, "device": {"class": "cpu-x86_64-avx512bf16"}})
+    rec = build_record(workspace, req, kind, replace(j, golden=known))
+    cross = rec.extra["cross_device"]
+    assert cross["relation"] == "cross-cpu" and cross["exact"] == ["token_ids"]
+    assert rec.summary.endswith("goldens cpu-x86_64-avx512bf16, candidate cpu-x86_64-avx2: different CPU "
+                                "classes — token ids must be identical, logprobs within 0.0001 nats (not "
+                                "bit-exact)")
+    same = build_record(workspace, req, kind, replace(j, golden=replace(known, manifest={
+        **known.manifest, "device": {"class": "cpu-x86_64-avx2"}})))
+    assert same.extra["cross_device"]["relation"] == "same-class" and " — goldens" not in same.summary
+    remote = build_record(workspace, req, kind, replace(j, golden=known, candidate=EngineInfo("s", "x", "1")))
+    assert remote.extra["cross_device"]["candidate_class"] == "unknown" and " — goldens" not in remote.summary

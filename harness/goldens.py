@@ -18,7 +18,6 @@ read-only and refuses any whose checksums, suite version, model digest or oracle
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ import numpy as np
 
 from harness.api import Case, EngineInfo, Output, Sampling
 from harness.device import device_block, recorded_class
+from harness.files import sha256_file
 from harness.models import ModelRef
 from harness.pin import OraclePin
 from harness.suites import Suite
@@ -80,10 +80,6 @@ def golden_dir(goldens_root: Path, model: ModelRef, suite_name: str) -> Path:
     return goldens_root / model.slug / suite_name
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence[Case],
                  outputs: Sequence[Output], oracle: EngineInfo, pin: OraclePin,
                  provenance: Mapping[str, Any]) -> Path:
@@ -125,7 +121,7 @@ def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence
             "sampling": suite.sampling.to_json(),
             "device": device_block("cpu"),
             **provenance,
-            "files": {f: _sha256(tmp / f) for f in (CASES_FILE, ARRAYS_FILE)},
+            "files": {f: sha256_file(tmp / f) for f in (CASES_FILE, ARRAYS_FILE)},
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         if folder.exists():
@@ -157,7 +153,7 @@ def read_golden(folder: Path, *, model_name: str, suite_name: str) -> Golden:
         p = folder / name
         if not p.exists():
             raise GoldenError(f"{p}: golden file missing; {fix}")
-        if (have := _sha256(p)) != want:
+        if (have := sha256_file(p)) != want:
             raise GoldenError(f"{p}: checksum mismatch (manifest {want[:12]}, file {have[:12]}): "
                               f"the golden was edited or corrupted; refusing it. {fix}")
     from safetensors.numpy import load_file

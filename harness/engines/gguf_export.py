@@ -20,18 +20,17 @@ digest is the same: ``reports/runs/gguf/<model>-<digest>-<kind>.gguf`` beside a 
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from harness.files import locked, sha256_file
 
 KINDS = ("f32", "f16")
 
@@ -71,25 +70,6 @@ def _rope_theta(cfg: Mapping[str, Any]) -> float:
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def export_gguf(model_dir: Path, kind: str, out_dir: Path, name: str, digest: str,
                 source: Path | None = None) -> GGUFFile:
     """The ``kind`` GGUF of the checkpoint in ``model_dir`` (written first if missing)."""
@@ -98,7 +78,7 @@ def export_gguf(model_dir: Path, kind: str, out_dir: Path, name: str, digest: st
     slug = name.strip("/").replace("/", "--").lstrip(".") or "model"
     path = out_dir / f"{slug}-{digest[:12]}-{kind}.gguf"
     meta = path.with_suffix(".json")
-    with _locked(path.with_suffix(".lock")):
+    with locked(path.with_suffix(".lock")):
         if path.exists() and meta.exists():
             return GGUFFile(path, kind, json.loads(meta.read_text()))
         t0 = time.perf_counter()

@@ -45,10 +45,11 @@ from typing import Any
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf, sha256_file
+from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
 from harness.engines.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
+from harness.files import sha256_file
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.workspace import REPO_ROOT

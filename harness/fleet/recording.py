@@ -15,15 +15,14 @@ catch a runner that judged against anything else.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from harness.files import LockTimeout, locked
 from harness.goldens import MANIFEST_FILE, GoldenError, read_golden
 from harness.workspace import Workspace
 
@@ -38,28 +37,11 @@ def lock_path(ws: Workspace, slug: str, suite: str) -> Path:
 @contextmanager
 def exclusive(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path``; after ``timeout_s`` name the holder and give up."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as fh:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    fh.seek(0)
-                    holder = fh.read().strip() or "unknown"
-                    raise GoldenError(f"{path}: still locked after {timeout_s:.0f} s by {holder} "
-                                      "(another process recording these goldens)") from None
-                time.sleep(0.2)
-        try:
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"pid {os.getpid()}\n")
-            fh.flush()
+    try:
+        with locked(path, timeout_s):
             yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    except LockTimeout as e:
+        raise GoldenError(f"{e} (another process recording these goldens)") from None
 
 
 @dataclass(frozen=True, slots=True)

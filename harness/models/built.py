@@ -9,8 +9,6 @@ never build it twice.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 import shutil
 import subprocess
@@ -18,10 +16,11 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.files import locked, sha256_file
 
 DOWNLOAD_TIMEOUT_S = float(os.environ.get("HARNESS_DOWNLOAD_TIMEOUT_S", "900"))
 
@@ -46,26 +45,6 @@ class PinnedWheel:
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (created), held for the ``with`` block, across processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _check(path: Path, want: str, what: str, fix: str) -> None:

@@ -112,8 +112,10 @@ def test_goldens_carry_the_device_class_and_old_ones_read_as_unknown(workspace: 
                                                                      tmp_path: Path) -> None:
     from harness.device import device_class, fingerprint
 
+    manifest = _folder(workspace) / "manifest.json"  # as written before fingerprints existed
+    manifest.write_text(json.dumps({k: v for k, v in json.loads(manifest.read_text()).items() if k != "device"}))
     old = read_golden(_folder(workspace), model_name="tiny-llama", suite_name="smoke")
-    assert "device" not in old.manifest and old.device_class == "unknown"  # recorded before fingerprints
+    assert "device" not in old.manifest and old.device_class == "unknown"
     model = resolve_model("tiny-llama", workspace)
     suite = find_suite(workspace.suites, "smoke")
     target = write_golden(tmp_path / "g" / "smoke", model=model, suite=suite, cases=list(old.cases),

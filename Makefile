@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 MODEL     ?= tiny-llama
 SUITE     ?= smoke
-CANDIDATE ?= hf
+CANDIDATE ?=
 CONNECTOR ?=
 CONCURRENCY ?=
 VLLM      ?= 0.31.0 0.32.0
@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml requirements/oracle.txt
 	touch $@
 
 gate: venv
-	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' --candidate '$(CANDIDATE)' \
+	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' $(if $(CANDIDATE),--candidate '$(CANDIDATE)') \
 		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) \
 		$(if $(filter 1,$(SPEED)),--speed)
 
@@ -57,7 +57,7 @@ gate: venv
 # venv is never touched. One record per release.
 matrix: venv
 	$(BIN)/harness matrix --model '$(MODEL)' --suite '$(SUITE)' --vllm '$(VLLM)' \
-		$(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
+		$(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(CONNECTOR),--connector '$(CONNECTOR)')
 
 record: venv
 	$(BIN)/harness record --model '$(MODEL)' --suite '$(SUITE)'

@@ -45,7 +45,9 @@ def _model_suite(p: argparse.ArgumentParser) -> None:
 
 def _gate_args(p: argparse.ArgumentParser) -> None:
     _model_suite(p)
-    p.add_argument("--candidate", default="hf", help="engine spec: hf, vllm, hf:dtype=bfloat16, ...")
+    p.add_argument("--candidate", default=None,
+                   help="engine spec: hf, vllm, hf:dtype=bfloat16, vllm@0.28.0, ... (default: hf; the "
+                        "pinned vllm for KV and invariance suites)")
     p.add_argument("--no-record-goldens", action="store_true",
                    help="fail instead of recording goldens with the oracle when none exist")
     p.add_argument("--concurrency", type=int, default=None, metavar="C",
@@ -134,6 +136,8 @@ def _matrix_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm", required=True, metavar="VERSIONS",
                    help='vLLM releases, e.g. "0.31.0 0.32.0" (each in its own venv under .venvs/)')
     p.add_argument("--concurrency", type=int, default=4, metavar="C", help="requests in flight (4)")
+    p.add_argument("--connector", default=None, metavar="MODULE:CLASS",
+                   help="KV suites: the connector the harness tap wraps (default: the harness store)")
 
 
 @command("matrix", "gate several vLLM releases (vllm@<version>), one record each", _matrix_args)
@@ -141,7 +145,7 @@ def cmd_matrix(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.matrix import print_matrix, run_matrix
 
     rows = run_matrix(ws, a.model, a.suite, a.vllm.split(), concurrency=a.concurrency,
-                      progress=lambda s: console.print(f"[dim]{s}[/dim]"))
+                      connector=a.connector, progress=lambda s: console.print(f"[dim]{s}[/dim]"))
     print_matrix(rows, ws.root, console)
     return 0 if all(r.outcome == "pass" for r in rows) else 1
 

@@ -1,5 +1,9 @@
 """The vLLM version matrix: one suite, several vLLM releases, one record per release.
 
+A KV suite (``SUITE=kv_roundtrip [CONNECTOR=...]``) runs the whole round trip -- producer, fresh
+consumer, refusal probe -- inside each release's venv (:mod:`harness.kinds.kv_roundtrip`); no speed
+is timed there.
+
 ``make matrix MODEL=tiny-llama VLLM="0.31.0 0.32.0"`` gates ``vllm@<version>`` for each release,
 each in its own venv (created on first use, see :mod:`harness.engines.venvs`), against the same
 goldens of the pinned oracle. Speed is stated as a ratio to the oracle measured in the same matrix
@@ -20,7 +24,7 @@ from harness.engines.vllm_release import VLLMReleaseRunner
 from harness.models import resolve_model
 from harness.oracle import load_or_record, measure_speed
 from harness.pin import oracle_pin
-from harness.pipeline import run_gate
+from harness.pipeline import kind_of, run_gate
 from harness.speed import Speed
 from harness.suites import find_suite
 from harness.workspace import Workspace
@@ -56,14 +60,32 @@ def parse_versions(text: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(check_version(v) for v in items))
 
 
+def _row(v: str, res: Any, t0: float) -> MatrixRow:
+    rec = res.record
+    speed = str(rec.extra.get("speed", {}).get("statement", ""))
+    return MatrixRow(v, rec.outcome, rec.summary, res.path, speed,
+                     dict(rec.candidate.environment.get("venv", {})), time.perf_counter() - t0)
+
+
 def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequence[str], *,
-               concurrency: int = DEFAULT_CONCURRENCY, auto_record: bool = True,
+               concurrency: int = DEFAULT_CONCURRENCY, auto_record: bool = True, connector: str | None = None,
                progress: Callable[[str], None] = lambda s: None) -> list[MatrixRow]:
     pin = oracle_pin().version
     order = sorted(parse_versions(versions), key=lambda v: v != pin)  # the pin first: it is the oracle
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
     golden, _ = load_or_record(ws, model, suite, auto_record=auto_record)
+    if "kv" in kind_of(suite).tables:
+        rows = []
+        for v in order:
+            progress(f"vllm@{v}: KV round trip{f' through {connector}' if connector else ''}")
+            t0 = time.perf_counter()
+            rows.append(_row(v, run_gate(ws, model_name, suite_name, f"vllm@{v}", connector=connector,
+                                         auto_record=False), t0))
+            progress(f"vllm@{v}: {rows[-1].outcome} — {rows[-1].summary}")
+        return rows
+    if connector:
+        raise VenvError(f"a KV connector ({connector}) needs a KV suite; {suite_name} is {suite.kind!r}")
     oracle: Speed | str | None = None
     if pin not in order:
         progress(f"timing the oracle (vLLM {pin}) at c{concurrency} once for the whole matrix")
@@ -86,12 +108,8 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
                        speed=speed_arg, auto_record=False)
         if v == pin and runner.facts().speed is not None:
             oracle = runner.facts().speed
-        rec = res.record
-        venv = dict(rec.candidate.environment.get("venv", {}))
-        rows.append(MatrixRow(v, rec.outcome, rec.summary, res.path,
-                              str(rec.extra.get("speed", {}).get("statement", "")), venv,
-                              time.perf_counter() - t0))
-        progress(f"vllm@{v}: {rec.outcome} — {rec.summary}")
+        rows.append(_row(v, res, t0))
+        progress(f"vllm@{v}: {res.record.outcome} — {res.record.summary}")
     return rows
 
 

@@ -140,7 +140,7 @@ def write_with_figures(ws: Workspace, record: Record, j: Judgement) -> Path:
     return path
 
 
-def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
+def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | None, *,
              reference: str | None = None, connector: str | None = None,
              concurrency: int | None = None, speed: bool | Speed | str = False,
              auto_record: bool = True, transform: Transform | None = None,
@@ -148,6 +148,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
              options: Mapping[str, Any] | None = None) -> GateResult:
     """Run one gate of the suite's kind and write its record.
 
+    ``candidate``: the engine spec under test (None: the kind's default, ``hf`` for parity suites).
     ``reference``: arm A of an A/B suite. ``connector``: a KV connector for KV suites.
     ``concurrency``: requests in flight (None: the engine's default). ``speed``: also time the
     pinned oracle on the same workload after the candidate has stopped (True), reuse a
@@ -158,6 +159,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str, *,
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
     kind = kind_of(suite)
+    candidate = candidate or kind.default_candidate
     if connector and "kv" not in kind.tables:
         raise SuiteError(f"{suite.path}: a KV connector ({connector}) needs a KV suite (kind "
                          f"'kv_roundtrip', e.g. suite kv_roundtrip); {suite.name} is {suite.kind!r}")

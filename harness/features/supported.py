@@ -97,6 +97,77 @@ def _connector(rec: Any) -> str:
     return str(rec.candidate.settings.get("connector") or rec.candidate.name)
 
 
+def _tally(rec: Any, comparator: str) -> str:
+    vs = [v for v in rec.verdicts if v.comparator == comparator]
+    return f"{sum(v.status == 'pass' for v in vs)}/{len(vs)}" if vs else "—"
+
+
+def _short_hits(rec: Any) -> str:
+    """Cases the connector served fewer prompt tokens than expected (ExampleConnector's lookup bug
+    shows here: a prompt of N tokens with N - 1 a multiple of the block size is stored and not found)."""
+    out = []
+    for v in rec.verdicts:
+        ev = v.evidence or {}
+        if v.comparator == "kv_hits" and v.status == "fail" and "expected" in ev:
+            out.append(f"{v.case_id} (N={ev.get('prompt_len')}: {ev.get('connector_matched')} of "
+                       f"{ev.get('expected')})")
+    return ", ".join(out) if out else "none"
+
+
+def _refusal(rec: Any) -> str:
+    v = next((v for v in rec.verdicts if v.comparator == "kv_refusal"), None)
+    if v is None:
+        return "—"
+    return "refuses, naming the group" if v.status == "pass" else f"{v.status}: {v.summary}"
+
+
+def _absorbed(rec: Any) -> str:
+    c = rec.extra.get("compat") or {}
+    items = [*c.get("notes", ()), *(f"lacks {m}" for m in c.get("missing", ()))]
+    return "; ".join(items) if items else ("none" if c else "—")
+
+
+def _starts(rec: Any) -> str:
+    t = rec.timings
+    got = [t.get(k) for k in ("producer_engine_start_s", "consumer_engine_start_s")]
+    return " / ".join(f"{x:.0f} s" for x in got if isinstance(x, (int, float)) and x == x) or "—"
+
+
+def _venv(rec: Any) -> str:
+    v = rec.candidate.environment.get("venv") if rec.candidate.environment else None
+    if not v:
+        return "the oracle's venv"
+    shared = (v.get("build") or {}).get("shared_bytes")
+    return (f"{v.get('install_s', '?')} s, {v.get('size_mib', '?')} MiB"
+            + (f" ({shared / 2**20:.0f} MiB hard-linked)" if shared else ""))
+
+
+def kv_release_table(runs: Sequence[ModelRun], cited: list[str]) -> list[str]:
+    """The KV round trip release by release: every current configuration, verified or not."""
+    out = ["", "### Per release", "",
+           "Every KV round trip on record, one line per model, connector and vLLM release (the newest "
+           "current record of each): the verdict counts, the cases served short, the chunk-size refusal "
+           "(harness store only), what `harness/kv/compat.py` absorbed of that release's API, engine "
+           "starts (producer / consumer) and the release's venv. `make matrix SUITE=kv_roundtrip "
+           "VLLM=\"0.26.0 0.28.0 ...\" [CONNECTOR=ExampleConnector]` writes them.", "",
+           "| Model | Connector | vLLM | State | Pages byte-equal (cases) | Hits as expected | "
+           "Served short | Chunk-size refusal | API differences absorbed | Engine starts | venv | Record |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    key = lambda r: (str(r.lr.record.model.get("name")), _connector(r.lr.record),  # noqa: E731
+                     tuple(int(x) if x.isdigit() else 0 for x in r.lr.record.candidate.version.split(".")))
+    for r in sorted(runs, key=key):
+        x = r.lr.record
+        state = "stale" if r.stale else r.state
+        cited.append(r.lr.path)
+        out.append(f"| {md(x.model.get('name'))} | {md(_connector(x))} | {md(x.candidate.version)} | "
+                   f"{SYMBOL[state]} | {_tally(x, 'byte_equal')} | {_tally(x, 'kv_hits')} | "
+                   f"{md(_short_hits(x))} | {md(_refusal(x))} | {md(_absorbed(x))} | {_starts(x)} | "
+                   f"{md(_venv(x))} | [record]({r.lr.path}) |")
+    if not runs:
+        out.append("| — | | | | | | | | | | | |")
+    return out
+
+
 def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[str]]:
     runs = current_runs(judge)
     cited: list[str] = []
@@ -147,6 +218,7 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
                    f"{_join(x.candidate.settings.get('block_size') for x in recs)} | {_links(rs)} |")
     if not kv:
         out.append("| — | | | | | | | |")
+    out += kv_release_table([r for r in runs if r.lr.record.kind == "kv_roundtrip"], cited)
 
     out += ["", "## Settings per model", "",
             "One line per model and configuration that is verified.", "",

@@ -217,6 +217,7 @@ class AB:
     """``ab``: no goldens; arm A (``reference``) and arm B (``candidate``) run now, A first."""
 
     name = "ab"
+    default_candidate = "vllm"
     tables = ("accuracy",)
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:

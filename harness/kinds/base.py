@@ -84,6 +84,9 @@ class GateKind(Protocol):
     name: str
     tables: tuple[str, ...]
     """The suite's top-level tables this kind reads besides [sampling]/[compare]/[[cases]]."""
+    default_candidate: str
+    """The engine under test when the user names none (``hf`` for parity, the pinned ``vllm`` for
+    the kinds that drive vLLM itself)."""
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Any: ...
 

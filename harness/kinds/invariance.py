@@ -93,6 +93,7 @@ def _public(v: Any, run_dir: Path) -> Any:
 
 class Invariance:
     name = "invariance"
+    default_candidate = "vllm"
     tables = ("invariance", "rl")
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:

@@ -1,8 +1,11 @@
 """``kv_roundtrip``: goldens -> producer -> fresh consumer -> every KV page compared byte for byte.
 
-``make gate SUITE=kv_roundtrip [CONNECTOR=module:Class]``. The no-connector goldens are the
-oracle's, recorded like any suite's; the engine under test is the pinned vLLM with the harness store,
-or with the harness tap around ``connector`` (:mod:`harness.kv.roundtrip` runs the engines).
+``make gate SUITE=kv_roundtrip [CONNECTOR=module:Class] [CANDIDATE=vllm@0.28.0]``. The no-connector
+goldens are the oracle's, recorded like any suite's; the engine under test is the pinned vLLM (candidate
+``vllm``, the default) or another release (``vllm@<version>``, in its own venv, see
+:mod:`harness.engines.venvs`), with the harness store or with the harness tap around ``connector``
+(:mod:`harness.kv.roundtrip` runs the engines, :mod:`harness.kv.compat` absorbs what the release
+lacks). ``make matrix SUITE=kv_roundtrip VLLM="0.26.0 ..."`` writes one record per release.
 """
 
 from __future__ import annotations
@@ -12,11 +15,30 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from harness.engines.base import split_spec
+from harness.engines.venvs import VenvError, VenvInfo, check_version
 from harness.goldens import Golden
 from harness.kinds.base import KINDS, GateRequest, Judgement
 from harness.oracle import load_or_record
+from harness.pin import oracle_pin
 from harness.provenance import device_facts, now_utc
+from harness.suites import SuiteError
 from harness.workspace import Workspace
+
+
+def release_of(candidate: str | None) -> str | None:
+    """``vllm`` (or nothing) -> None, the pin; ``vllm@0.28.0`` -> ``0.28.0`` (None when it is the pin)."""
+    name = split_spec(candidate or "vllm")[0]
+    if name == "vllm":
+        return None
+    if not name.startswith("vllm@"):
+        raise SuiteError(f"the KV round trip drives vLLM's KV connector API: candidate {candidate!r} "
+                         f"must be vllm (the pin) or vllm@<version> (another release, e.g. vllm@0.28.0)")
+    try:
+        version = check_version(name.partition("@")[2])
+    except VenvError as e:
+        raise SuiteError(str(e)) from None
+    return None if version == oracle_pin().version else version
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +47,14 @@ class Prepared:
     connector: Any
     """The parsed ConnectorSpec, or None for the harness store."""
     timings: dict[str, float]
+    release: str | None = None
+    """The vLLM release under test when it is not the pin."""
+    venv: VenvInfo | None = None
 
 
 class KVRoundTrip:
     name = "kv_roundtrip"
+    default_candidate = "vllm"
     tables = ("kv",)
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
@@ -37,15 +63,25 @@ class KVRoundTrip:
         from harness.kv.roundtrip import KVSettings
 
         KVSettings.from_suite(req.suite)  # a malformed [kv] table is bad input, before any engine starts
+        release = release_of(req.candidate)
         spec = parse_connector(req.connector) if req.connector else None
-        if spec is not None:
+        if spec is not None and release is None:
             load_connector_class(spec)  # an unknown module or class is named now, not inside vLLM
+        # (under a release, the tap in that release's engine names a missing module or class: ⛔)
         t0 = time.perf_counter()
         golden, recorded = load_or_record(ws, req.model, req.suite, auto_record=req.auto_record)
         timings = {"goldens_s": time.perf_counter() - t0}
         if recorded:
             timings["oracle_record_s"] = golden.manifest["timings"]["record_wall_s"]
-        return Prepared(golden, spec, timings)
+        venv = None
+        if release is not None:
+            from harness.engines.venvs import ensure_vllm_venv
+            from harness.workspace import REPO_ROOT
+
+            t0 = time.perf_counter()
+            venv = ensure_vllm_venv(REPO_ROOT, release)  # minutes, once per release; a failure is named
+            timings["venv_ready_s"] = time.perf_counter() - t0
+        return Prepared(golden, spec, timings, release, venv)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Any:
         from harness.kv.roundtrip import run_roundtrip
@@ -54,15 +90,20 @@ class KVRoundTrip:
         run_dir = ws.runs / f"kv-{stamp}-{req.suite.name}-{req.model.slug}-{secrets.token_hex(3)}"
         t0 = time.perf_counter()
         rt = run_roundtrip(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir,
-                           prepared.connector, req.model.decode)
+                           prepared.connector, req.model.decode,
+                           python=str(prepared.venv.python) if prepared.venv is not None else None)
         return rt, time.perf_counter() - t0
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Any) -> Judgement:
         rt, wall = ran
-        engine = replace(rt.engine, environment={**rt.engine.environment,  # the phases ran on this host
-                                                  "device_class": device_facts().get("class")})
+        env = {**rt.engine.environment, "device_class": device_facts().get("class")}  # phases ran here
+        name = rt.engine.name
+        if prepared.venv is not None:
+            env["venv"] = {k: v for k, v in prepared.venv.to_json().items() if k != "path"}
+            name = f"vllm@{prepared.release}/{name}"
+        engine = replace(rt.engine, name=name, environment=env)
         return Judgement(
-            label=f"kv-{rt.engine.name}", candidate=engine, verdicts=tuple(rt.verdicts),
+            label=f"kv-{name}", candidate=engine, verdicts=tuple(rt.verdicts),
             gates=tuple(rt.gates), controls=tuple(rt.controls), summary=rt.summary,
             timings={**prepared.timings, "roundtrip_wall_s": wall, **rt.timings}, extra=dict(rt.extra),
             golden=prepared.golden)

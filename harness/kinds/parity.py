@@ -122,6 +122,7 @@ def oracle_speed(ws: Workspace, req: GateRequest, golden: Golden) -> Speed | str
 
 class Parity:
     name = "parity"
+    default_candidate = "hf"
     tables: tuple[str, ...] = ()
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:

@@ -12,10 +12,12 @@ Each pass is one ``generate`` call with every request batched; requests carry th
 in ``SamplingParams.extra_args["harness_kv"]`` and may skip reading any cache
 (``skip_reading_prefix_cache``) to produce a reference generation inside the same engine.
 
-RESULT.jsonl: ``{"kind": "meta", "version", "timings": {"engine_start_s", "pass_<name>_s", ...}}``
-then one ``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per
+RESULT.jsonl: ``{"kind": "meta", "version", "timings": {"engine_start_s", "pass_<name>_s", ...},
+"compat": {...}}`` (what :mod:`harness.kv.compat` adapted to the installed vLLM), then one
+``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per
 request, then ``{"kind": "end"}``. A start failure writes
-``{"kind": "refused"|"error", "reason", "traceback"}`` and exits 3.
+``{"kind": "refused"|"error", "reason", "traceback"}`` and exits 3; a release that lacks a hook the
+gate needs writes ``{"kind": "skip", "reason", "compat"}`` (which hook, which release) and exits 3.
 """
 
 from __future__ import annotations
@@ -31,12 +33,20 @@ def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
     with open(result_path, "w") as out:
+        from harness.kv.compat import adapt
+
+        engine, compat = adapt(req.get("engine", {}))
+        if compat.missing:
+            write_line(out, {"kind": "skip", "compat": compat.to_json(),
+                             "reason": f"vLLM {compat.version} lacks {', '.join(compat.missing)}"})
+            return 3
         t0 = time.perf_counter()
-        llm = start_llm(req, out)
+        llm = start_llm({**req, "engine": engine}, out)
         if llm is None:
             return 3
         import vllm
         from vllm import SamplingParams
+        skip_option = "skip_reading_prefix_cache" in compat.sampling_kwargs
         timings = {"engine_start_s": time.perf_counter() - t0}
         s = req["sampling"]
         k = int(s.get("logprobs", 5))
@@ -44,21 +54,27 @@ def main(request_path: str, result_path: str) -> int:
         for p in req["passes"]:
             params, prompts = [], []
             for r in p["requests"]:
+                if r.get("skip_reading") and not skip_option:
+                    continue  # see harness.kv.compat: the release cannot run a no-cache reference
                 tags = {"case": r["case"], "lane": r.get("lane", "clean"),
                         "capture": bool(r.get("capture", True)), "passive": bool(r.get("passive", False))}
+                skip = {"skip_reading_prefix_cache": bool(r.get("skip_reading"))} if skip_option else {}
                 params.append(SamplingParams(
                     temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k else None,
-                    seed=int(s.get("seed", 0)), extra_args={"harness_kv": tags},
-                    skip_reading_prefix_cache=bool(r.get("skip_reading", False)) or None))
+                    seed=int(s.get("seed", 0)), extra_args={"harness_kv": tags}, **skip))
                 prompts.append({"prompt_token_ids": list(r["prompt_ids"])})
+            if not prompts:
+                continue
             t1 = time.perf_counter()
             results = llm.generate(prompts, params, use_tqdm=False)
             timings[f"pass_{p['name']}_s"] = time.perf_counter() - t1
-            for r, res in zip(p["requests"], results, strict=True):
+            ran = [r for r in p["requests"] if skip_option or not r.get("skip_reading")]
+            for r, res in zip(ran, results, strict=True):
                 rows.append({"kind": "case", "pass": p["name"], "case": r["case"],
                              "lane": r.get("lane", "clean"), **output_fields(res, k)})
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
         write_line(out, {"kind": "meta", "version": vllm.__version__, "timings": timings,
+                         "compat": compat.to_json(),
                      "block_size": getattr(cache, "block_size", None),
                      "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None)})
         for row in rows:

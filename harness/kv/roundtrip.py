@@ -42,10 +42,8 @@ from harness.kv.config import (
     STORE_CLASS,
     STORE_MODULE,
     TAP_CLASS,
-    TAP_CLASS_HMA,
     TAP_MODULE,
     ConnectorSpec,
-    load_connector_class,
 )
 from harness.kv.evidence import CaseEvidence, MemoryPage, Page, Problem
 from harness.kv.faults import read_planted
@@ -135,6 +133,10 @@ class Phase:
     rows: tuple[Mapping[str, Any], ...]
     capture: Capture | None
     log: Path
+    compat: Mapping[str, Any] = field(default_factory=dict)
+    """What :mod:`harness.kv.compat` adapted to the release this phase ran on."""
+    skipped: bool = False
+    """The release lacks a hook the gate needs (``reason`` names it): a skip, not an error."""
 
     def row(self, pass_name: str, case: str, lane: str) -> Mapping[str, Any] | None:
         return next((r for r in self.rows if r["pass"] == pass_name and r["case"] == case
@@ -146,8 +148,9 @@ class Phase:
 
 def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any], sampling: Sampling,
               passes: Sequence[Mapping[str, Any]], capture_dir: Path,
-              timeout_s: float = PHASE_TIMEOUT_S) -> Phase:
-    """Start one engine in a child process group, run ``passes``, read its capture back."""
+              timeout_s: float = PHASE_TIMEOUT_S, python: str | None = None) -> Phase:
+    """Start one engine in a child process group (under ``python``: a vLLM release's venv, else this
+    interpreter), run ``passes``, read its capture back."""
     folder.mkdir(parents=True, exist_ok=True)
     req, res = folder / f"{name}.request.json", folder / f"{name}.result.jsonl"
     log = folder / f"{name}.engine.log"
@@ -157,7 +160,7 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.kv.phase", str(req), str(res)],
+        proc = subprocess.Popen([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
                                 start_new_session=True)
         track(proc)
@@ -180,11 +183,13 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
         return Phase(name, False, f"the {name} engine did not finish within {timeout_s:.0f} s", "", {}, (),
                      capture, log)
     complete = bool(lines) and lines[-1].get("kind") == "end"
+    compat = dict(head.get("compat") or {})
     if head.get("kind") != "meta" or (rc != 0 and not complete):
         reason = head.get("reason") or f"the {name} engine exited with {rc}"
-        return Phase(name, False, reason, "", {}, (), capture, log)
+        return Phase(name, False, reason, str(compat.get("vllm", "")), {}, (), capture, log, compat,
+                     skipped=head.get("kind") == "skip")
     return Phase(name, True, "", str(head.get("version", "")), dict(head.get("timings", {})),
-                 tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log)
+                 tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log, compat)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +276,8 @@ def _fill(v: Any, store: Path) -> Any:
 
 def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: Mapping[str, Output],
                   run_dir: Path, connector: ConnectorSpec | None = None,
-                  decode: Any = None) -> RoundTrip:
+                  decode: Any = None, python: str | None = None) -> RoundTrip:
+    """The round trip on the vLLM that ``python`` imports (a release's venv; default: the pin's)."""
     kv = KVSettings.from_suite(suite)
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab = _vocab(model)
@@ -292,14 +298,11 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
             "capture_dir": str(cap / "consumer"), "chunk_size": chunk, "lanes": lanes_c}, policy)
         name = "harness-store"
     else:
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
-
-        inner = load_connector_class(connector)
         chunk = kv.tap_chunk_size or kv.block_size
         store = run_dir / "connector-store"
         store.mkdir(parents=True, exist_ok=True)
         extra = _fill(kv.tap_extra, store)
-        tap_cls = TAP_CLASS_HMA if supports_hma(inner) else TAP_CLASS
+        tap_cls = TAP_CLASS  # the phase names the HMA tap when the release and the connector have it
         tap = {"module": connector.module, "class": connector.cls}
         control_lanes = ["flip"]
         t_prod = _transfer(tap_cls, TAP_MODULE, kv.tap_role, {
@@ -311,23 +314,26 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
 
     eng_p = engine_settings(model, kv, t_prod)
     prod = run_phase(run_dir, "producer", model, eng_p, suite.sampling,
-                     producer_passes(cases, kv.timing_reps, vocab, kv.timing_copies), cap / "producer")
+                     producer_passes(cases, kv.timing_reps, vocab, kv.timing_copies), cap / "producer",
+                     python=python)
     timings["producer_engine_start_s"] = prod.timings.get("engine_start_s", float("nan"))
     cons = None
     if prod.ok:
         eng_c = engine_settings(model, kv, t_cons)
         cons = run_phase(run_dir, "consumer", model, eng_c, suite.sampling,
-                         consumer_passes(cases, control, control_lanes), cap / "consumer")
+                         consumer_passes(cases, control, control_lanes), cap / "consumer", python=python)
         timings["consumer_engine_start_s"] = cons.timings.get("engine_start_s", float("nan"))
     refusal = None
-    if connector is None and kv.refuse_chunk_size is not None:
+    if connector is None and kv.refuse_chunk_size is not None and prod.skipped:
+        refusal = replace(prod, name="refusal")  # the release lacks a hook: skipped for the same reason
+    elif connector is None and kv.refuse_chunk_size is not None:
         t_ref = _transfer(STORE_CLASS, STORE_MODULE, "kv_producer", {
             "capture_dir": str(cap / "refusal"), "chunk_size": kv.refuse_chunk_size,
             "lanes": {"clean": {"root": str(run_dir / "store-refusal")}}}, kv.load_failure_policy)
         t0 = time.perf_counter()
         refusal = run_phase(run_dir, "refusal", model, engine_settings(model, kv, t_ref), suite.sampling,
                             [{"name": "probe", "requests": [_req(cases[0].id, cases[0].prompt_ids)]}],
-                            cap / "refusal")
+                            cap / "refusal", python=python)
         timings["refusal_probe_wall_s"] = time.perf_counter() - t0
 
     version = prod.version or (cons.version if cons else "")
@@ -341,15 +347,18 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
     extra: dict[str, Any] = {"run_dir": run_dir.name, "mode": "store" if connector is None else "tap",
                              "connector": name, "chunk_size": chunk}
     gates = [s.name for s in suite.comparators if s.gate]
+    if compat := merge_compat([ph for ph in (prod, cons, refusal) if ph is not None]):
+        extra["compat"] = compat
 
     failed = prod if not prod.ok else (cons if cons is not None and not cons.ok else None)
     if failed is not None or cons is None:
         assert failed is not None
         first = failed.reason.splitlines()[0][:140] if failed.reason else "failed"
         detail = f"{failed.reason}\n--- {failed.name} engine log tail ---\n{failed.tail()}"
-        verdicts += [Verdict(c.id, s.name, "error", f"{failed.name} engine: {first}", detail=detail,
+        status = "skip" if failed.skipped else "error"
+        verdicts += [Verdict(c.id, s.name, status, f"{failed.name} engine: {first}", detail=detail,
                              evidence={"phase": failed.name}) for s in suite.comparators for c in cases]
-        extra["engine_error"] = failed.reason
+        extra["engine_skip" if failed.skipped else "engine_error"] = failed.reason
     else:
         assert prod.capture is not None and cons.capture is not None
         evs = {c.id: judge.evidence(c, "clean", prod, cons) for c in cases}
@@ -382,6 +391,18 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
     return RoundTrip(tuple(verdicts), tuple(controls), tuple(gates), summary, info, timings, extra, run_dir)
 
 
+def merge_compat(phases: Sequence[Phase]) -> dict[str, Any]:
+    """The phases' :mod:`harness.kv.compat` findings as one block: the release, every difference it
+    absorbed (once), the hooks it lacked, and the probes' answers."""
+    found = [ph.compat for ph in phases if ph.compat]
+    if not found:
+        return {}
+    return {"vllm": found[0].get("vllm", ""),
+            "notes": list(dict.fromkeys(n for c in found for n in c.get("notes", ()))),
+            "missing": list(dict.fromkeys(m for c in found for m in c.get("missing", ()))),
+            "offers": {k: v for c in found for k, v in c.get("offers", {}).items()}}
+
+
 def refusal_controls(ph: Phase, kv: KVSettings) -> list[Control]:
     """``kv_refusal``'s controls: an engine that starts with the off-grid chunk size, and a refusal
     that does not name the KV-cache group, must both fail it."""
@@ -409,6 +430,9 @@ def refusal_verdicts(ph: Phase, kv: KVSettings) -> list[Verdict]:
                         f"kv_refusal FAIL: chunk_size {kv.refuse_chunk_size} was accepted",
                         detail=f"{cid}: the connector started with a chunk size that is not a multiple "
                                f"of the block size {kv.block_size}; it must refuse at start")]
+    if ph.skipped:
+        return [Verdict(cid, c, "skip", f"skip: {ph.reason.splitlines()[0][:140]}", detail=ph.reason)
+                for c in ("kv_config", "kv_refusal")]
     if not reason:
         return [Verdict(cid, "kv_config", "error", f"error: {ph.reason.splitlines()[0][:140]}",
                         detail=f"{ph.reason}\n--- engine log tail ---\n{ph.tail()}"),

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1 import base as _base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
-    SupportsHMA,
 )
 
 from harness.kv.capture import CaptureWriter, SchedulerLog, record_planned, worker_rank
@@ -268,8 +268,10 @@ for _name, _value in vars(KVConnectorBase_V1).items():
     setattr(HarnessTapConnector, _name, _forward(_name))
 
 
-class HarnessTapConnectorHMA(HarnessTapConnector, SupportsHMA):
-    """The tap for connectors that support vLLM's hybrid memory allocator (several KV groups)."""
+class HarnessTapConnectorHMA(HarnessTapConnector, getattr(_base, "SupportsHMA", object)):  # type: ignore[misc]
+    """The tap for connectors that support vLLM's hybrid memory allocator (several KV groups); on a
+    release without the ``SupportsHMA`` marker it is the plain tap (:mod:`harness.kv.compat` names
+    the plain one there)."""
 
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:

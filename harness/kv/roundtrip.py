@@ -526,17 +526,11 @@ class Judge:
             notes=notes)
 
     def output(self, row: Mapping[str, Any] | None, case_id: str) -> Output:
+        from harness.engines.vllm import output_from_fields
+
         if row is None:
             return Output(case_id, (), error="the consumer engine returned no result for this case")
-        ids = tuple(int(t) for t in row["token_ids"])
-        arr = row.get("top_ids") is not None
-        return Output(case_id, ids, row.get("text", ""),
-                      np.asarray(row["top_ids"], np.int32).reshape(len(ids), -1) if arr else None,
-                      np.asarray(row["top_logprobs"], np.float32).reshape(len(ids), -1) if arr else None,
-                      np.asarray(row["chosen_logprobs"], np.float32) if arr else None,
-                      str(row.get("finish_reason", "")),
-                      error="the engine finished the request with an error"
-                      if row.get("finish_reason") == "error" else None)
+        return output_from_fields(case_id, row)
 
     def verdict(self, comparator: str, case: Case, ev: CaseEvidence, golden: Output | None,
                 cons: Phase) -> Verdict:

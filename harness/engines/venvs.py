@@ -136,6 +136,26 @@ def read_venv(folder: Path) -> VenvInfo | None:
                     d["created"], dict(d["packages"]), build=dict(d.get("build", {})))
 
 
+def venv_listing(root: Path) -> list[VenvInfo]:
+    """The finished venvs under ``root`` (half-built folders are left out)."""
+    found = (read_venv(p) for p in sorted(root.iterdir()) if p.is_dir()) if root.is_dir() else ()
+    return [v for v in found if v is not None]
+
+
+def remove_venv(root: Path, name: str) -> Path:
+    """Delete one venv folder under ``root`` (under its lock: no install is racing it). Files it
+    hard-linked with other venvs stay in those."""
+    folder = root / name
+    if folder.parent != root or not folder.is_dir():
+        known = ", ".join(p.path.name for p in venv_listing(root)) or "none"
+        raise VenvError(f"no venv {name!r} under {root} (there: {known})")
+    with locked(folder.with_name(folder.name + ".lock")):
+        shutil.rmtree(folder)
+    for extra in (folder.with_name(folder.name + ".install.log"), folder.with_name(folder.name + ".lock")):
+        extra.unlink(missing_ok=True)
+    return folder
+
+
 def _installed(python: Path | str, names: tuple[str, ...]) -> dict[str, str]:
     code = ("import importlib.metadata as m, json, sys\n"
             "out = {}\n"

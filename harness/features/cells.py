@@ -23,6 +23,8 @@ from harness.workspace import Workspace
 State = Literal["pass", "partial", "todo", "na", "refused", "stale", "vacuous", "fail"]
 SYMBOL: dict[str, str] = {"pass": "✅", "partial": "◐", "todo": "☐", "na": "n/a", "refused": "⛔",
                           "stale": "⌛", "vacuous": "VACUOUS", "fail": "❌"}
+WORST: tuple[str, ...] = ("pass", "na", "todo", "stale", "refused", "partial", "vacuous", "fail")
+"""States from best to worst: a cell that stands for several records shows the worst."""
 WARN = "⚠"
 ORACLE = "oracle"
 """The oracle column's key."""
@@ -196,6 +198,8 @@ class Judge:
         warn = self.warnings(row, model, spec)
         if col.key in row.na:
             return Cell("na", row.na[col.key], warnings=warn)
+        if (several := self.several(row, model, spec)) is not None:
+            return several
         lr, newer = self.shown(row, model, spec)
         if lr is None:
             # the same words whether or not the suite file exists yet: the page must not depend on
@@ -209,6 +213,34 @@ class Judge:
             state = "stale"
         return Cell(state, text, lr.path, rec.harness.get("sha"), rec.candidate.sha, warn,
                     device_class(rec), self._newer(newer))
+
+    def several(self, row: Row, model: str, spec: str | None) -> Cell | None:
+        """A glob column (``vllm@*``) matched by records of several candidates: one cell that names
+        each one's newest current record (per release), the worst state leading; None otherwise."""
+        if spec is None or not any(ch in spec for ch in "*?["):
+            return None
+        live = [lr for lr in self.matching(row, model, spec) if lr.record.id not in self.sup]
+        names = list(dict.fromkeys(lr.record.candidate.name for lr in live))
+        if len(names) < 2:
+            return None
+        parts: list[tuple[tuple[int, ...], str, State, Loaded]] = []
+        for name in names:
+            mine = [lr for lr in live if lr.record.candidate.name == name]
+            lr = next((x for x in mine if not self.stale(x)), mine[0])
+            state, text = judge_record(lr.record, row.prove)
+            if self.stale(lr):
+                state, text = "stale", "; ".join(self.stale(lr))
+            version = lr.record.candidate.version
+            key = tuple(int(x) if x.isdigit() else 0 for x in version.split("."))
+            parts.append((key, f"{version} {SYMBOL[state]}" + ("" if state == "pass" else f" ({text[:90]})"),
+                          state, lr))
+        parts.sort(key=lambda p: p[0])
+        worst = max((p[2] for p in parts), key=WORST.index)
+        newest = newest_first(p[3] for p in parts)[0]
+        rec = newest.record
+        return Cell(worst, f"{len(parts)} releases: " + ", ".join(p[1] for p in parts), newest.path,
+                    rec.harness.get("sha"), rec.candidate.sha, self.warnings(row, model, spec),
+                    device_class(rec))
 
     def oracle_cell(self, row: Row, model: str) -> Cell:
         if ORACLE in row.na:

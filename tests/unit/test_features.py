@@ -279,3 +279,24 @@ def test_a_glob_column_collects_every_option_string_of_one_engine(ws: Workspace)
     make_record(ws, candidate="vllm@0.31.0")
     assert cell(ws, col="cpp").state == "pass"
     assert cell(ws, col="hf").state == "todo"
+
+
+def test_a_glob_cell_with_several_releases_names_each_and_shows_the_worst(ws: Workspace) -> None:
+    """The other-releases column of a KV row: one record per release, each judged on its own."""
+    from dataclasses import replace
+
+    from harness.records import write_record
+
+    p = ws.root / "features.toml"
+    p.write_text(CATALOG.replace('candidate = "cpp"', 'candidate = "vllm@*"'))
+    for version, created, statuses, outcome in (
+            ("0.31.0", "2026-11-30T00:00:02Z", None, "pass"),
+            ("0.26.0", "2026-11-30T00:00:01Z", {"near_tie": ["pass"] * 7 + ["fail"], "strict": ["pass"] * 8},
+             "fail")):
+        rec, _ = make_record(ws, candidate=f"vllm@{version}", created=created, statuses=statuses,
+                             outcome=outcome, write=False)
+        write_record(ws.records, replace(rec, candidate=replace(rec.candidate, version=version)))
+    c = cell(ws, col="cpp")
+    assert c.state == "partial"  # the worst of the two leads
+    assert c.text == "2 releases: 0.26.0 ◐ (near_tie 7/8 (c08)), 0.31.0 ✅"  # in release order
+    assert c.record is not None and "vllm-0.31.0" in c.record  # the newest is cited

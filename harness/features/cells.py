@@ -215,17 +215,18 @@ class Judge:
                     device_class(rec), self._newer(newer))
 
     def several(self, row: Row, model: str, spec: str | None) -> Cell | None:
-        """A glob column (``vllm@*``) matched by records of several candidates: one cell that names
-        each one's newest current record (per release), the worst state leading; None otherwise."""
+        """A glob column (``vllm@*``) matched by records of several engine releases: one cell that
+        names each release's newest current record, the worst state leading; None otherwise (one
+        release, or several configurations of one: the newest record speaks, as for any column)."""
         if spec is None or not any(ch in spec for ch in "*?["):
             return None
         live = [lr for lr in self.matching(row, model, spec) if lr.record.id not in self.sup]
-        names = list(dict.fromkeys(lr.record.candidate.name for lr in live))
-        if len(names) < 2:
+        versions = list(dict.fromkeys(lr.record.candidate.version for lr in live))
+        if len(versions) < 2:
             return None
         parts: list[tuple[tuple[int, ...], str, State, Loaded]] = []
-        for name in names:
-            mine = [lr for lr in live if lr.record.candidate.name == name]
+        for v in versions:
+            mine = [lr for lr in live if lr.record.candidate.version == v]
             lr = next((x for x in mine if not self.stale(x)), mine[0])
             state, text = judge_record(lr.record, row.prove)
             if self.stale(lr):

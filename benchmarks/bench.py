@@ -33,18 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness.perf import Figure, Limit, bench_record, write_bench  # noqa: E402
-
-
-def _rate(nbytes: float, work, min_s: float = 0.3) -> float:  # noqa: ANN001
-    work()
-    reps, t0 = 0, time.perf_counter()
-    while True:
-        work()
-        reps += 1
-        dt = time.perf_counter() - t0
-        if dt >= min_s:
-            return nbytes * reps / dt
+from harness.perf import Figure, Limit, bench_record, rate, write_bench  # noqa: E402
 
 
 def part_compare(quick: bool) -> tuple[list[Figure], dict]:
@@ -76,7 +65,7 @@ def part_full(quick: bool) -> tuple[list[Figure], dict]:
         row_facts(o, c)
         reps += 1
     dt = (time.perf_counter() - t0) / reps
-    memcpy = _rate(nbytes, lambda: (np.copyto(dst, o), np.copyto(dst, c)))
+    memcpy = rate(nbytes, lambda: (np.copyto(dst, o), np.copyto(dst, c)))
     r = {"positions": n, "vocab": v, "seconds": dt, "positions_per_s": n / dt, "bytes_per_s": nbytes / dt,
          "memcpy_Bps": memcpy}
     return [Figure("full.kl_nmse", nbytes / dt, "B/s", Limit("memcpy of the same bytes", memcpy, "B/s"),

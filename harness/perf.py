@@ -25,7 +25,8 @@ import json
 import os
 import platform
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -86,6 +87,19 @@ class Figure:
         if self.goal is not None:
             out += f"   goal {num(self.goal, self.unit).strip()}: {'met' if self.goal_met else 'MISSED'}"
         return out
+
+
+def rate(nbytes: float, work: Callable[[], Any], min_s: float = 0.3) -> float:
+    """Bytes per second of ``work`` (which moves ``nbytes``): one warm-up call (first-touch
+    allocations, caches), then as many calls as fit in ``min_s``."""
+    work()
+    reps, t0 = 0, time.perf_counter()
+    while True:
+        work()
+        reps += 1
+        dt = time.perf_counter() - t0
+        if dt >= min_s:
+            return nbytes * reps / dt
 
 
 def device_facts() -> dict[str, Any]:

@@ -12,7 +12,6 @@ still give stable rates.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,17 +19,7 @@ import numpy as np
 import torch
 
 from harness.kv.digest import page_digests
-
-
-def _rate(nbytes: int, work: Callable[[], Any], min_s: float) -> float:
-    work()  # warm: first-touch allocations and caches
-    reps, t0 = 0, time.perf_counter()
-    while True:
-        work()
-        reps += 1
-        dt = time.perf_counter() - t0
-        if dt >= min_s:
-            return nbytes * reps / dt
+from harness.perf import rate
 
 
 def throughput(judge_all: Callable[[], Any], pairs: Sequence[tuple[bytes, bytes]],
@@ -69,10 +58,10 @@ def _throughput(judge_all: Callable[[], Any], pairs: Sequence[tuple[bytes, bytes
     out = {
         "bytes": float(total),
         "pages": float(len(pairs)),
-        "compare_Bps": _rate(total, judge_all, min_s),
-        "compare_bytes_Bps": _rate(total, diff_all, min_s),
-        "memcpy_Bps": _rate(total, lambda: np.copyto(dst, flat), min_s),
+        "compare_Bps": rate(total, judge_all, min_s),
+        "compare_bytes_Bps": rate(total, diff_all, min_s),
+        "memcpy_Bps": rate(total, lambda: np.copyto(dst, flat), min_s),
     }
     if pages is not None:
-        out["digest_Bps"] = _rate(total, lambda: page_digests(pages), min_s)
+        out["digest_Bps"] = rate(total, lambda: page_digests(pages), min_s)
     return out

@@ -207,22 +207,6 @@ class VLLMRunner:
     def _tail(self, n: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
 
-
-def output_from_fields(case_id: str, d: Mapping[str, Any], *, error: str | None = None,
-                       full: Any = None) -> Output:
-    """A worker's result fields (:func:`harness.engines.vllm_worker.output_fields`: generated ids,
-    text, per-position top-k) as an :class:`Output`, for every vLLM process the harness starts (the
-    candidate worker, the KV round trip's phases, the invariance groups)."""
-    n = len(d["token_ids"])
-    arr = d.get("top_ids") is not None
-    if error is None and d.get("finish_reason") == "error":
-        error = "the engine finished the request with an error"
-    return Output(case_id, tuple(int(t) for t in d["token_ids"]), d.get("text", ""),
-                  np.asarray(d["top_ids"], np.int32).reshape(n, -1) if arr else None,
-                  np.asarray(d["top_logprobs"], np.float32).reshape(n, -1) if arr else None,
-                  np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
-                  str(d.get("finish_reason", "")), error=error, full_logprobs=full)
-
     def facts(self) -> RunFacts:
         cap: dict[str, Any] = {}
         if self.meta.get("num_gpu_blocks") and self.meta.get("block_size"):
@@ -291,3 +275,19 @@ def _installed_version(python: str) -> str:
 def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> VLLMRunner:
     return VLLMRunner(model, parse_options(arg, spec), name=ctx.name or spec, run_dir=ctx.run_dir,
                       concurrency=ctx.concurrency)
+
+
+def output_from_fields(case_id: str, d: Mapping[str, Any], *, error: str | None = None,
+                       full: Any = None) -> Output:
+    """A worker's result fields (:func:`harness.engines.vllm_worker.output_fields`: generated ids,
+    text, per-position top-k) as an :class:`Output`, for every vLLM process the harness starts (the
+    candidate worker, the KV round trip's phases, the invariance groups)."""
+    n = len(d["token_ids"])
+    arr = d.get("top_ids") is not None
+    if error is None and d.get("finish_reason") == "error":
+        error = "the engine finished the request with an error"
+    return Output(case_id, tuple(int(t) for t in d["token_ids"]), d.get("text", ""),
+                  np.asarray(d["top_ids"], np.int32).reshape(n, -1) if arr else None,
+                  np.asarray(d["top_logprobs"], np.float32).reshape(n, -1) if arr else None,
+                  np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
+                  str(d.get("finish_reason", "")), error=error, full_logprobs=full)

@@ -113,3 +113,25 @@ def test_kill_group_stops_a_stubborn_process_and_its_children(tmp_path: Path) ->
     assert proc.returncode == -signal.SIGKILL  # it ignored SIGTERM
     assert not group_alive(proc.pid)
     assert not pid_running(child)
+
+
+def test_every_runner_class_has_the_whole_runner_protocol() -> None:
+    """A method lost to an edit (indented into a module function, say) is caught here, not in an
+    engine start minutes later."""
+    import inspect
+
+    from harness.api import Runner
+    from harness.engines.cmd import CmdRunner
+    from harness.engines.hf import HFRunner
+    from harness.engines.llamacpp import LlamaCppRunner
+    from harness.engines.openai import OpenAIRunner
+    from harness.engines.vllm import VLLMRunner
+    from harness.engines.vllm_release import VLLMReleaseRunner
+    from harness.engines.vllm_server import VLLMServerRunner
+
+    wanted = [n for n, v in vars(Runner).items() if inspect.isfunction(v) and not n.startswith("_")]
+    assert set(wanted) == {"info", "start", "run", "facts", "close"}
+    for cls in (CmdRunner, HFRunner, LlamaCppRunner, OpenAIRunner, VLLMRunner, VLLMReleaseRunner,
+                VLLMServerRunner):
+        missing = [n for n in wanted if not callable(getattr(cls, n, None))]
+        assert not missing, f"{cls.__name__} lacks {missing}"

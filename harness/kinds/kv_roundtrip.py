@@ -28,7 +28,10 @@ from harness.workspace import Workspace
 
 def release_of(candidate: str | None) -> str | None:
     """``vllm`` (or nothing) -> None, the pin; ``vllm@0.28.0`` -> ``0.28.0`` (None when it is the pin)."""
-    name = split_spec(candidate or "vllm")[0]
+    name, options = split_spec(candidate or "vllm")
+    if options:
+        raise SuiteError(f"KV candidate {candidate!r}: engine options are not taken here; the suite's "
+                         f"[kv] table (block_size, engine settings) configures both phases")
     if name == "vllm":
         return None
     if not name.startswith("vllm@"):

@@ -34,6 +34,8 @@ def test_release_of_names_the_release_or_the_pin() -> None:
         release_of("hf")
     with pytest.raises(SuiteError, match="not a full release number"):
         release_of("vllm@0.28")
+    with pytest.raises(SuiteError, match="engine options are not taken here"):
+        release_of("vllm@0.28.0:dtype=bfloat16")
 
 
 def _tap_engine(cls: str = "ExampleConnector", **extra: object) -> dict:

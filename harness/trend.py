@@ -90,7 +90,7 @@ def trend(ws: Workspace, feature: str, metric: str | None = None, column: str | 
     known = sorted({c for c in df.columns if "." in c} | {f"{c}.pass_rate" for c in row.prove})
     if df.empty or not ({metric} & set(known)):
         raise unknown(f"metric of {feature}", metric, known or [f"{c}.pass_rate" for c in row.prove])
-    points, outside = [], []
+    found = []
     for rid, rows in df.groupby("record", sort=False):
         first = rows.iloc[0]
         col = next((c for c in cols if spec_matches(str(first["candidate"]), row.spec(c))), None)
@@ -98,21 +98,30 @@ def trend(ws: Workspace, feature: str, metric: str | None = None, column: str | 
         if col is None or value is None:
             continue
         order = first["commit_order"]
-        p = Point(f"{first['model']} · {col.title}", None if order != order else int(order),
-                  str(first["sha"]), str(first["created"]), value, str(rid))
+        found.append((Point(f"{first['model']} · {col.title}", None if order != order else int(order),
+                            str(first["sha"]), str(first["created"]), value, str(rid)), bool(first["dirty"])))
+    return _trend(ws, feature, metric, found, out, f"{feature}.{_safe(metric)}.png",
+                  f"{feature}: {metric} across commits ({row.suite}, {', '.join(row.models)})")
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+def _trend(ws: Workspace, feature: str, metric: str, found: Sequence[tuple[Point, bool]],
+           out: Path | None, name: str, title: str) -> Trend:
+    """Points on HEAD's history from clean trees, in commit order, plotted; the rest set aside
+    with why."""
+    points, outside = [], []
+    for p, dirty in found:
         if p.commit_order is None:
             outside.append((p, "its SHA is not in HEAD's history here"))
-        elif bool(first["dirty"]):
+        elif dirty:
             outside.append((p, "it ran on uncommitted changes"))
         else:
             points.append(p)
     points.sort(key=lambda p: (p.commit_order, p.created))
-    png = None
-    if points:
-        name = f"{feature}.{re.sub(r'[^A-Za-z0-9_.-]', '_', metric)}.png"
-        png = out or ws.root / "reports" / "trends" / name
-        plot(points, png, f"{feature}: {metric} across commits ({row.suite}, {', '.join(row.models)})",
-             metric)
+    png = plot(points, out or ws.root / "reports" / "trends" / name, title, metric) if points else None
     return Trend(feature, metric, tuple(points), tuple(outside), png)
 
 
@@ -160,24 +169,12 @@ def trend_bench(ws: Workspace, figure: str, metric: str | None = None, out: Path
     if figure not in names:
         raise unknown("bench figure", figure, names or ["(no bench records: make bench)"])
     order = commit_order(ws.root)
-    points, outside = [], []
+    found = []
     for _, r in df[df["figure"] == figure].iterrows():
         value = r[metric]
         if value is None or value != value:
             continue
-        pos = order.get(str(r["sha"]))
-        p = Point(f"{r['device_class'] or 'unknown device'}", pos, str(r["sha"]), str(r["created"]),
-                  float(value), str(r["id"]))
-        if pos is None:
-            outside.append((p, "its SHA is not in HEAD's history here"))
-        elif bool(r["dirty"]):
-            outside.append((p, "it ran on uncommitted changes"))
-        else:
-            points.append(p)
-    points.sort(key=lambda p: (p.commit_order, p.created))
-    png = None
-    if points:
-        name = f"bench.{re.sub(r'[^A-Za-z0-9_.-]', '_', figure)}.{metric}.png"
-        png = plot(points, out or ws.root / "reports" / "trends" / name,
-                   f"{figure}: {metric} across commits", metric)
-    return Trend(BENCH + figure, metric, tuple(points), tuple(outside), png)
+        found.append((Point(f"{r['device_class'] or 'unknown device'}", order.get(str(r["sha"])),
+                            str(r["sha"]), str(r["created"]), float(value), str(r["id"])), bool(r["dirty"])))
+    return _trend(ws, BENCH + figure, metric, found, out, f"bench.{_safe(figure)}.{metric}.png",
+                  f"{figure}: {metric} across commits")

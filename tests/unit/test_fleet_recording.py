@@ -5,6 +5,7 @@ copies the committed goldens into place the way write_golden does (temp folder +
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing as mp
 import os
 import shutil
@@ -26,9 +27,17 @@ def fake_oracle(ws: Workspace, log: Path, corrupt: bool) -> None:
     shutil.copytree(SOURCE, tmp)
     if corrupt:
         (tmp / "cases.jsonl").write_text((tmp / "cases.jsonl").read_text().replace('"c01"', '"c99"', 1))
-    if folder.exists():
-        shutil.rmtree(folder)
-    os.rename(tmp, folder)
+    while True:  # without the lock the other contender may be renaming its own copy at this moment
+        try:
+            os.rename(tmp, folder)
+            break
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            aside = folder.with_name(f".smoke.old.{os.getpid()}")
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(folder, aside)
+            shutil.rmtree(aside, ignore_errors=True)
     with log.open("a") as fh:
         fh.write(f"recorded by {os.getpid()}\n")
 

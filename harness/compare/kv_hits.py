@@ -6,7 +6,8 @@ this comparator checks, against ``expected = floor((N - 1) / C) * C``:
 
 * the engine's own count (``num_cached_tokens``; prefix caching is off, so all of it is external);
 * the connector's count (the tokens vLLM allocated for it to load);
-* the pages actually restored: every layer's restored pages must cover ``[0, expected)``;
+* the pages actually restored: every layer's restored pages must cover ``[0, expected)`` (a
+  sliding-window layer: from the first block inside the window of the first computed token);
 * for the harness store, every chunk of the prompt was stored at most once (shared prefixes).
 """
 
@@ -20,22 +21,34 @@ from harness.kv.evidence import CaseEvidence
 
 
 def restored_cover(ev: CaseEvidence) -> int:
-    """Tokens ``[0, t)`` restored in every expected layer (0 when any layer has a gap at 0)."""
+    """Tokens restored without a gap in every expected layer, up to ``t`` (0 when any layer has a gap
+    at its start). A layer's pages start at its first expected page: token 0 for full attention, the
+    first block inside the window for a sliding-window group (vLLM gives the blocks before it no page)."""
     spans: dict[tuple[str, int], set[tuple[int, int]]] = defaultdict(set)
     for p in ev.restored:
         spans[(p.ref.layer, p.ref.shard)].add((p.ref.start, p.ref.end))
-    wanted = {(r.layer, r.shard) for r in ev.expected} or set(spans)
+    first: dict[tuple[str, int], int] = {}
+    for r in ev.expected:
+        lid = (r.layer, r.shard)
+        first[lid] = min(first.get(lid, r.start), r.start)
+    wanted = set(first) or set(spans)
     if not wanted:
         return 0
     cover = []
     for lid in wanted:
-        end = 0
+        start = end = first.get(lid, 0)
         for s, e in sorted(spans.get(lid, ())):
+            if e <= start:
+                continue
             if s != end:
                 break
             end = e
-        cover.append(end)
+        cover.append(end if end > start or start == 0 else 0)
     return min(cover)
+
+
+def _windowed(ev: CaseEvidence) -> bool:
+    return any(r.start > 0 for r in ev.expected) and any(r.start == 0 for r in ev.expected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +87,7 @@ class KVHits:
             hint = " -> tokens were claimed but not restored (silent recompute)" if (
                 claim is not None and claim > cover) else ""
             problems.append(f"restored    : pages cover [0, {cover}) in every layer, expected [0, {want})"
+                            f"{' (sliding-window layers from their window)' if _windowed(ev) else ''}"
                             + hint)
         twice = {k: n for k, n in ev.stored_times.items() if n > 1}
         if twice:

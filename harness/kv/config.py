@@ -172,6 +172,12 @@ def _fault(d: Any, where: str) -> FaultSpec:
         raise KVConfigError(f"{where}: {e}") from None
 
 
+UNREPORTED = "unreported: several KV-cache groups"
+"""The setup line's ``failed_loads`` where the connector cannot tell vLLM about a page it failed to
+load: vLLM accepts block-level load failures only from an engine with one KV-cache group (its
+scheduler raises otherwise) and has no recovery path for a failed synchronous load with several."""
+
+
 def chunk_size_problem(chunk_size: int, groups: Any) -> str | None:
     """Why ``chunk_size`` cannot be served by these KV-cache groups, or None.
 

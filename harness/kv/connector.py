@@ -20,6 +20,12 @@ failed block, never served silently.
 
 A ``chunk_size`` that is not a multiple of every attention group's block size is refused at start
 with the group and both sizes named (also written to the capture as ``refused``).
+
+Several KV-cache groups (a model with sliding-window and full-attention layers under vLLM's hybrid
+allocator): every chunk is stored with the pages of every group. On restore a sliding-window group
+has no page for the blocks outside the window of the first token the engine computes (vLLM puts
+its null block there); those are neither loaded nor recorded, and the comparator expects exactly
+the in-window ones (:func:`harness.kv.plan.first_block_in_window`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1 import base as _base
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -36,11 +43,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, gather, record_planned, worker_rank
-from harness.kv.config import HarnessKVConfig, chunk_size_problem
+from harness.kv.config import UNREPORTED, HarnessKVConfig, chunk_size_problem
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore
 from harness.kv.pages import PageRef, prefix_keys
-from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, groups_of, log_setup
+from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 from harness.kv.store import PageRead, PageStore
 
 if TYPE_CHECKING:
@@ -82,7 +89,11 @@ def _group_layers(groups: tuple[GroupInfo, ...]) -> dict[str, GroupInfo]:
     return {layer: g for g in groups if g.paged for layer in g.layers}
 
 
-class HarnessKVConnector(KVConnectorBase_V1):
+class HarnessKVConnector(KVConnectorBase_V1, getattr(_base, "SupportsHMA", object)):  # type: ignore[misc]
+    """Declares hybrid-memory-allocator support where the release has the marker: without it vLLM
+    turns the hybrid KV-cache manager off for the whole engine and a sliding-window model runs with
+    one KV-cache group, so the round trip would never see the groups it must compare."""
+
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -94,6 +105,11 @@ class HarnessKVConnector(KVConnectorBase_V1):
         if not self.cfg.lanes:
             raise refuse(self.cfg, "no store lanes configured (kv_connector_extra_config.harness.lanes)")
         self.chunk = self.cfg.chunk_size
+        # vLLM maps failed block ids back to requests only where block ids are unique, i.e. with one
+        # KV-cache group; with several its scheduler raises on any reported block, and its other
+        # path (failed_recving) covers asynchronous loads only. There a page the store cannot serve
+        # is recorded as a problem and not reported, and the setup line says so.
+        self.report_failed_blocks = len(self.groups) <= 1
         self.is_producer = bool(self._kv_transfer_config.is_kv_producer)
         self.is_consumer = bool(self._kv_transfer_config.is_kv_consumer)
         self.paged_layers = tuple(self.layer_group)
@@ -106,7 +122,8 @@ class HarnessKVConnector(KVConnectorBase_V1):
             self.tracker = RequestTracker(self.groups)
             self.log = SchedulerLog(self.cfg.capture_dir)
             log_setup(self.log, vllm_config, self.groups, mode="store", chunk_size=self.chunk,
-                      role=self._kv_transfer_config.kv_role)
+                      role=self._kv_transfer_config.kv_role,
+                      failed_loads="reported" if self.report_failed_blocks else UNREPORTED)
             self._matched: dict[str, tuple[int, int]] = {}
             self._pending: dict[str, tuple[int, int, tuple[list[int], ...]]] = {}
             self._planned: set[str] = set()
@@ -122,10 +139,10 @@ class HarnessKVConnector(KVConnectorBase_V1):
         store = PageStore(root)
         if fault is None:
             return store
-        layers = self.groups[0].layers if self.groups else ()
+        layers = attention_layers(self.groups)
         if not 0 <= fault.layer < len(layers):
             raise refuse(self.cfg, f"lane {lane!r}: planted fault names layer index {fault.layer}, "
-                                   f"the model has {len(layers)} attention layers in group 0")
+                                   f"the model has {len(layers)} attention layers")
         return FaultyStore(store, fault.kind, layers[fault.layer], fault.page, fault.offset,
                            report=self.cfg.capture_dir / f"planted-{lane}.json")
 
@@ -206,6 +223,12 @@ class HarnessKVConnector(KVConnectorBase_V1):
         self._pending.pop(request.request_id, None)
         return False, None
 
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """The hybrid allocator's form of :meth:`request_finished` (stores are synchronous: nothing
+        holds the blocks past the step)."""
+        return self.request_finished(request, [])
+
     # ------------------------------------------------------------------ worker side
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -256,7 +279,8 @@ class HarnessKVConnector(KVConnectorBase_V1):
         ref = PageRef(p.key, layer, p.group, p.start, p.end, worker_rank())
         self.capture.error("restored", ref, PageTag(p.req, p.case, p.lane), read.problem or "missing",
                            read.reason)
-        self._load_errors.add(p.block_id)
+        if self.report_failed_blocks:
+            self._load_errors.add(p.block_id)
         self._failed.add((layer, p.group, p.block_id))
 
     def wait_for_layer_load(self, layer_name: str) -> None:

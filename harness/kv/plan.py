@@ -14,6 +14,7 @@ lane (``clean`` or a planted fault), whether to capture and whether to leave the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,9 @@ from typing import Any
 from harness.kv.pages import blocks_completed, prefix_keys
 
 TAGS_KEY = "harness_kv"
+NULL_BLOCK_ID = 0
+"""vLLM's null block (the block pool's first block, never a request's page): where a sliding-window
+group has freed or never allocated a block outside the window, the request's block table holds it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +62,32 @@ class GroupInfo:
     """The spec class name, e.g. ``FullAttentionSpec``."""
     paged: bool
     """True for attention groups (pages of tokens); False for state groups (Mamba) with no pages."""
+    window: int | None = None
+    """Sliding-window groups (``SlidingWindowSpec``): the tokens vLLM keeps pages for behind the next
+    token (the attention window, plus any blocks it retains for speculative decoding); None where
+    every block is kept (full attention, or sliding-window layers with the hybrid allocator off)."""
 
 
 def log_setup(log: Any, vllm_config: Any, groups: Sequence[GroupInfo], **facts: Any) -> None:
     """Write the engine's KV-cache groups and parallelism to the scheduler log (the comparator
     derives the expected pages from them)."""
     log.write("setup", groups=[{"index": g.index, "block_size": g.block_size, "layers": list(g.layers),
-                                "kind": g.kind, "paged": g.paged} for g in groups],
+                                "kind": g.kind, "paged": g.paged, "window": g.window} for g in groups],
               tp=int(vllm_config.parallel_config.tensor_parallel_size), **facts)
+
+
+def describe_groups(groups: Sequence[Mapping[str, Any]]) -> str:
+    """A record's ``kv_cache_groups`` in a few words: ``3 (full x1, sliding 64 x2; block 32)``."""
+    if not groups:
+        return ""
+    kinds: dict[str, int] = {}
+    for g in groups:
+        name = f"sliding {g['window']}" if g.get("window") else (
+            "full" if "Attention" in str(g.get("kind", "")) else str(g.get("kind", "?")))
+        kinds[name] = kinds.get(name, 0) + 1
+    blocks = "/".join(str(b) for b in sorted({int(g["block_size"]) for g in groups if g.get("block_size")}))
+    parts = ", ".join(f"{k} x{n}" for k, n in kinds.items())
+    return f"{len(groups)} ({parts}; block {blocks})" if blocks else f"{len(groups)} ({parts})"
 
 
 def groups_of(kv_cache_config: Any) -> tuple[GroupInfo, ...]:
@@ -74,9 +96,36 @@ def groups_of(kv_cache_config: Any) -> tuple[GroupInfo, ...]:
     out = []
     for i, g in enumerate(kv_cache_config.kv_cache_groups):
         spec = g.kv_cache_spec
+        # Only a sliding-window manager frees blocks; a FullAttentionSpec that carries a window (the
+        # hybrid allocator turned off) keeps every block.
+        window = None
+        if "SlidingWindow" in type(spec).__name__:
+            window = int(spec.sliding_window) + int(getattr(spec, "extra_retained_tokens", 0) or 0)
         out.append(GroupInfo(i, int(spec.block_size), tuple(g.layer_names), type(spec).__name__,
-                             isinstance(spec, AttentionSpec)))
+                             isinstance(spec, AttentionSpec), window))
     return tuple(out)
+
+
+def attention_layers(groups: Sequence[GroupInfo]) -> tuple[str, ...]:
+    """Every paged layer of every group, in model order (``model.layers.2`` before ``model.layers.10``):
+    what a planted fault's layer index counts."""
+    def natural(name: str) -> list[Any]:
+        return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
+
+    return tuple(sorted((layer for g in groups if g.paged for layer in g.layers), key=natural))
+
+
+def first_block_in_window(computed: int, window: int | None, block_size: int) -> int:
+    """The first block a request still needs once ``computed`` tokens are in the cache.
+
+    Full attention needs every block (0). A sliding-window group's next token attends to the
+    ``window`` tokens ending at itself, so the first ``computed - window + 1`` tokens are outside
+    it, and vLLM gives the whole blocks among them no page (the null block): a connector that
+    serves ``computed`` tokens restores only the blocks from this one on.
+    """
+    if not window:
+        return 0
+    return max(0, computed - window + 1) // block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +227,8 @@ class RequestTracker:
             for j in blocks_completed(sched.before, sched.after, len(st.prompt), g.block_size):
                 if j >= len(st.block_ids[g.index]):
                     break
+                if st.block_ids[g.index][j] == NULL_BLOCK_ID:
+                    continue
                 seen = (keys[j], g.index) in self._written
                 self._written.add((keys[j], g.index))
                 out.append(PagePlan(keys[j], g.index, st.block_ids[g.index][j], j * g.block_size,
@@ -197,6 +248,8 @@ class RequestTracker:
             for j in range(start // g.block_size, min(end // g.block_size, len(keys))):
                 if j >= len(ids[g.index]):
                     break
+                if ids[g.index][j] == NULL_BLOCK_ID:
+                    continue  # outside a sliding window: the request has no page there
                 out.append(PagePlan(keys[j], g.index, ids[g.index][j], j * g.block_size,
                                     (j + 1) * g.block_size, st.req_id, st.tags.case, st.tags.lane))
         return out

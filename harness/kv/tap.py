@@ -32,7 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from harness.kv.capture import CaptureWriter, SchedulerLog, record_planned, worker_rank
 from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
-from harness.kv.plan import PagePlan, RequestTracker, groups_of, log_setup
+from harness.kv.plan import PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -177,7 +177,7 @@ class HarnessTapConnector(KVConnectorBase_V1):
         for lane, fault in self.cfg.tap_faults.items():
             if lane in self._planted:
                 continue
-            layers = self.groups[0].layers if self.groups else ()
+            layers = attention_layers(self.groups)
             if fault.layer >= len(layers) or layers[fault.layer] != layer:
                 continue
             mine = [p for p in pages if p.lane == lane]

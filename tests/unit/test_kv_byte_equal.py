@@ -197,3 +197,24 @@ def test_connector_count_mismatch_and_double_store_fail() -> None:
 def test_a_failed_request_is_an_error() -> None:
     v = KVHits().judge_kv(CASE, replace(evidence(), finish_reason="error"))
     assert v.status == "error"
+
+
+def windowed(ev: CaseEvidence, layer: str, first: int) -> CaseEvidence:
+    """``layer`` as a sliding-window layer: no page (expected or restored) before token ``first``."""
+    keep = lambda ref: ref.layer != layer or ref.start >= first  # noqa: E731
+    return replace(ev, expected=tuple(r for r in ev.expected if keep(r)),
+                   restored=tuple(p for p in ev.restored if keep(p.ref)))
+
+
+def test_a_sliding_window_layer_is_covered_from_its_window() -> None:
+    ev = windowed(evidence(), LAYERS[1], 64)  # 128 tokens served, window 64: blocks 2 and 3 only
+    assert KVHits().judge_kv(CASE, ev).status == "pass"
+    assert ByteEqual().judge_kv(CASE, ev).status == "pass"
+    # the window's first page never restored: a gap at the layer's start, not a pass
+    gap = replace(ev, restored=tuple(p for p in ev.restored if (p.ref.layer, p.ref.start) != (LAYERS[1], 64)))
+    v = KVHits().judge_kv(CASE, gap)
+    assert v.status == "fail" and "sliding-window layers from their window" in v.detail
+    assert v.evidence["restored_tokens"] == 0
+    # a page missing in the middle of the window stops the cover there
+    mid = replace(ev, restored=tuple(p for p in ev.restored if (p.ref.layer, p.ref.start) != (LAYERS[1], 96)))
+    assert KVHits().judge_kv(CASE, mid).evidence["restored_tokens"] == 96

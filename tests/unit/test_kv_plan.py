@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from vllm import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
 from harness.kv.pages import prefix_keys
-from harness.kv.plan import RequestTracker, Tags, groups_of
+from harness.kv.plan import (
+    NULL_BLOCK_ID,
+    RequestTracker,
+    Tags,
+    describe_groups,
+    first_block_in_window,
+    groups_of,
+)
 
 PROMPT = list(range(10, 110))  # 100 tokens: blocks [0,32) [32,64) [64,96) are full
 
@@ -86,3 +96,49 @@ def test_resumed_requests_replace_their_block_table(resumed: bool) -> None:
     assert tr.requests["r"].block_ids == ([[3, 4, 5]] if resumed else [[1, 3, 4, 5]])
     tr.forget(["r"])
     assert "r" not in tr.requests
+
+
+def hybrid_tracker(window: int = 64) -> RequestTracker:
+    full = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    slide = SlidingWindowSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=torch.float32,
+                              sliding_window=window)
+    return RequestTracker(groups_of(KVCacheConfig(16, [], [KVCacheGroupSpec(["full"], full),
+                                                           KVCacheGroupSpec(["slide"], slide)])))
+
+
+def test_groups_know_which_ones_free_blocks_outside_a_window() -> None:
+    full, slide = hybrid_tracker().groups
+    assert (full.window, slide.window) == (None, 64)
+    # the hybrid allocator off: sliding-window layers become a FullAttentionSpec that keeps every block
+    unified = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=torch.float32,
+                                sliding_window=64)
+    (g,) = groups_of(KVCacheConfig(16, [], [KVCacheGroupSpec(["a", "b"], unified)]))
+    assert g.window is None
+
+
+@pytest.mark.parametrize("window", [32, 64, 100])
+def test_the_window_rule_is_vllms_own(window: int) -> None:
+    """first_block_in_window agrees with vLLM's SlidingWindowManager on how many blocks it skips."""
+    manager = SimpleNamespace(sliding_window=window, extra_retained_tokens=0)
+    for computed in range(0, 300, 7):
+        skipped = SlidingWindowManager.get_num_skipped_tokens(manager, computed)  # type: ignore[arg-type]
+        assert first_block_in_window(computed, window, 32) == skipped // 32, computed
+    assert first_block_in_window(300, None, 32) == 0
+
+
+def test_null_blocks_of_a_sliding_window_group_are_not_pages() -> None:
+    tr = hybrid_tracker()
+    st = tr.step(output([new_req("r", [3, 4, 5, 6])], CachedRequestData.make_empty(), {"r": 1}))[0].state
+    st.block_ids = [[3, 4, 5, 6], [NULL_BLOCK_ID, NULL_BLOCK_ID, 7, 8]]
+    pages = tr.pages_in_range(st, 0, 96)
+    assert [(p.group, p.block_id, p.start) for p in pages] == [(0, 3, 0), (0, 4, 32), (0, 5, 64),
+                                                                 (1, 7, 64)]
+
+
+def test_groups_are_described_in_a_few_words() -> None:
+    gemma = [{"kind": "SlidingWindowSpec", "block_size": 32, "window": 64, "layers": 1},
+             {"kind": "FullAttentionSpec", "block_size": 32, "window": None, "layers": 1},
+             {"kind": "SlidingWindowSpec", "block_size": 32, "window": 64, "layers": 1}]
+    assert describe_groups(gemma) == "3 (sliding 64 x2, full x1; block 32)"
+    assert describe_groups([{"kind": "FullAttentionSpec", "block_size": 16}]) == "1 (full x1; block 16)"
+    assert describe_groups([]) == ""

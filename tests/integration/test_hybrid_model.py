@@ -10,6 +10,8 @@ makes this model the KV round trip's multi-group case.
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,7 @@ from harness.models import resolve_model
 from harness.oracle import record_goldens
 from harness.pipeline import run_gate
 from harness.suites import find_suite
-from harness.workspace import Workspace
+from harness.workspace import REPO_ROOT, Workspace
 
 pytestmark = pytest.mark.integration
 
@@ -41,3 +43,33 @@ def test_hybrid_model_runs_in_several_kv_cache_groups_and_hf_matches_it(workspac
     assert rec.outcome == "pass", rec.summary
     assert rec.summary.startswith("smoke: 8/8 strict"), rec.summary
     assert rec.model["attention"].startswith("full + sliding-window attention (window 64")
+
+
+def test_kv_round_trip_with_three_kv_cache_groups(tmp_path: Path) -> None:
+    """The harness store keeps vLLM's hybrid KV-cache manager on (it declares SupportsHMA): three
+    groups, pages of every group byte-equal, a sliding-window group restored from its window only
+    (vLLM's null block before it), and the chunk-size refusal naming a group."""
+    for sub in ("suites", "models", "goldens"):
+        shutil.copytree(REPO_ROOT / sub, tmp_path / sub)
+    ws = Workspace(tmp_path)
+    rec = run_gate(ws, "tiny-gemma3", "kv_roundtrip", "vllm", auto_record=False).record
+    assert rec.outcome == "pass", rec.summary
+    groups = rec.extra["kv_cache_groups"]
+    assert sorted((g["kind"], g["window"]) for g in groups) == [
+        ("FullAttentionSpec", None), ("SlidingWindowSpec", 64), ("SlidingWindowSpec", 64)], groups
+    assert rec.extra["failed_loads"].startswith("unreported")
+    # 137 prompt tokens, 128 served: the full-attention layer gets blocks 0-3 back, each sliding
+    # layer only blocks 2-3 (tokens 65..128 are inside the window of token 128)
+    case = rec.extra["cases"]["n_2c_plus_k"]
+    assert (case["expected_hit"], case["expected_pages"], case["restored_pages"]) == (128, 8, 8), case
+    byte_equal = {v.case_id: v for v in rec.verdicts if v.comparator == "byte_equal"}
+    assert byte_equal["n_2c_plus_k"].status == "pass"
+    assert "across 3 layers" in byte_equal["n_2c_plus_k"].summary
+    refusal = next(v for v in rec.verdicts if v.comparator == "kv_config")
+    assert refusal.status == "refused" and "KV-cache group 0's block size 32 (SlidingWindowSpec" in refusal.summary
+    # the planted faults bite in the multi-group layout; the recompute control is left out, said why
+    lanes = rec.extra["control_lanes"]
+    assert lanes["flip"]["byte_equal"]["status"] == "fail"
+    assert lanes["drop"]["byte_equal"]["status"] == "fail"
+    assert "several KV-cache groups" in lanes["drop"]["recompute"]
+    assert all(c.ok for c in rec.controls), [c for c in rec.controls if not c.ok]

@@ -20,35 +20,37 @@ from harness.api import Case, Output, Verdict
 from harness.kv.evidence import CaseEvidence
 
 
-def restored_cover(ev: CaseEvidence) -> int:
-    """Tokens restored without a gap in every expected layer, up to ``t`` (0 when any layer has a gap
-    at its start). A layer's pages start at its first expected page: token 0 for full attention, the
-    first block inside the window for a sliding-window group (vLLM gives the blocks before it no page)."""
-    spans: dict[tuple[str, int], set[tuple[int, int]]] = defaultdict(set)
-    for p in ev.restored:
-        spans[(p.ref.layer, p.ref.shard)].add((p.ref.start, p.ref.end))
+def first_pages(ev: CaseEvidence) -> dict[tuple[str, int], int]:
+    """Per expected (layer, shard): the token its first expected page starts at (0 for full
+    attention; the first block inside the window for a sliding-window group, whose blocks before it
+    vLLM gives no page)."""
     first: dict[tuple[str, int], int] = {}
     for r in ev.expected:
         lid = (r.layer, r.shard)
         first[lid] = min(first.get(lid, r.start), r.start)
-    wanted = set(first) or set(spans)
-    if not wanted:
+    return first
+
+
+def restored_cover(ev: CaseEvidence) -> int:
+    """Tokens restored without a gap in every expected layer, from the layer's first expected page up
+    to ``t`` (0 when any layer has a gap at that first page)."""
+    spans: dict[tuple[str, int], set[tuple[int, int]]] = defaultdict(set)
+    for p in ev.restored:
+        spans[(p.ref.layer, p.ref.shard)].add((p.ref.start, p.ref.end))
+    first = first_pages(ev) or dict.fromkeys(spans, 0)
+    if not first:
         return 0
     cover = []
-    for lid in wanted:
-        start = end = first.get(lid, 0)
+    for lid, start in first.items():
+        end = start
         for s, e in sorted(spans.get(lid, ())):
             if e <= start:
                 continue
             if s != end:
                 break
             end = e
-        cover.append(end if end > start or start == 0 else 0)
+        cover.append(end if end > start else 0)
     return min(cover)
-
-
-def _windowed(ev: CaseEvidence) -> bool:
-    return any(r.start > 0 for r in ev.expected) and any(r.start == 0 for r in ev.expected)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +85,12 @@ class KVHits:
         elif ev.connector_external != want:
             problems.append(f"connector   : served {ev.connector_external} tokens, expected {want}")
         if cover != want:
+            windowed = any(start > 0 for start in first_pages(ev).values())
             claim = ev.connector_external if ev.connector_external is not None else ev.engine_cached
             hint = " -> tokens were claimed but not restored (silent recompute)" if (
                 claim is not None and claim > cover) else ""
             problems.append(f"restored    : pages cover [0, {cover}) in every layer, expected [0, {want})"
-                            f"{' (sliding-window layers from their window)' if _windowed(ev) else ''}"
+                            f"{' (sliding-window layers from their window)' if windowed else ''}"
                             + hint)
         twice = {k: n for k, n in ev.stored_times.items() if n > 1}
         if twice:

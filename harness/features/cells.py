@@ -30,6 +30,11 @@ ORACLE = "oracle"
 """The oracle column's key."""
 
 
+def release_key(version: str) -> tuple[int, ...]:
+    """An engine release's order: ``0.9.0`` before ``0.26.0``."""
+    return tuple(int(x) if x.isdigit() else 0 for x in version.split("."))
+
+
 def device_class(rec: Record) -> str | None:
     """The device class the candidate ran on: the engine's own when it reports one (transformers
     on CUDA), else the harness host's."""
@@ -232,9 +237,8 @@ class Judge:
             if self.stale(lr):
                 state, text = "stale", "; ".join(self.stale(lr))
             version = lr.record.candidate.version
-            key = tuple(int(x) if x.isdigit() else 0 for x in version.split("."))
-            parts.append((key, f"{version} {SYMBOL[state]}" + ("" if state == "pass" else f" ({text[:90]})"),
-                          state, lr))
+            label = f"{version} {SYMBOL[state]}" + ("" if state == "pass" else f" ({text[:90]})")
+            parts.append((release_key(version), label, state, lr))
         parts.sort(key=lambda p: p[0])
         worst = max((p[2] for p in parts), key=WORST.index)
         newest = newest_first(p[3] for p in parts)[0]

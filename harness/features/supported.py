@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.features.cells import SYMBOL, Judge, State, Table, device_class, judge_record
+from harness.features.cells import SYMBOL, Judge, State, Table, device_class, judge_record, release_key
 from harness.features.render import REGENERATE, cite, md
 from harness.features.sources import Loaded, newest_first
 from harness.kv.plan import describe_groups
@@ -81,9 +81,13 @@ def _vllm_versions(runs: Sequence[ModelRun]) -> str:
                  + [x.candidate.version for x in recs if x.candidate.engine == "vllm"])
 
 
+def _groups(rec: Any) -> str:
+    """How vLLM laid out the model's KV cache, as the KV round trip's connector saw it ("" unknown)."""
+    return describe_groups(rec.extra.get("kv_cache_groups") or ())
+
+
 def _kv_groups(runs: Sequence[ModelRun]) -> str:
-    """How vLLM laid out the model's KV cache, as the KV round trip's connector saw it."""
-    return _join(describe_groups(r.lr.record.extra.get("kv_cache_groups") or ()) for r in runs)
+    return _join(_groups(r.lr.record) for r in runs)
 
 
 def _attention(rec: Any) -> str:
@@ -157,13 +161,13 @@ def kv_release_table(runs: Sequence[ModelRun], cited: list[str]) -> list[str]:
            "Engine starts | venv | Record |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     key = lambda r: (str(r.lr.record.model.get("name")), _connector(r.lr.record),  # noqa: E731
-                     tuple(int(x) if x.isdigit() else 0 for x in r.lr.record.candidate.version.split(".")))
+                     release_key(r.lr.record.candidate.version))
     for r in sorted(runs, key=key):
         x = r.lr.record
         state = "stale" if r.stale else r.state
         cited.append(r.lr.path)
         out.append(f"| {md(x.model.get('name'))} | {md(_connector(x))} | {md(x.candidate.version)} | "
-                   f"{md(describe_groups(x.extra.get('kv_cache_groups') or ()) or '—')} | "
+                   f"{md(_groups(x) or '—')} | "
                    f"{SYMBOL[state]} | {_tally(x, 'byte_equal')} | {_tally(x, 'kv_hits')} | "
                    f"{md(_short_hits(x))} | {md(_refusal(x))} | {md(_absorbed(x))} | {_starts(x)} | "
                    f"{md(_venv(x))} | [record]({r.lr.path}) |")

@@ -77,7 +77,8 @@ def log_setup(log: Any, vllm_config: Any, groups: Sequence[GroupInfo], **facts: 
 
 
 def describe_groups(groups: Sequence[Mapping[str, Any]]) -> str:
-    """A record's ``kv_cache_groups`` in a few words: ``3 (full x1, sliding 64 x2; block 32)``."""
+    """A record's ``kv_cache_groups`` in a few words, kinds in the engine's group order:
+    ``3 (sliding 64 x2, full x1; block 32)``."""
     if not groups:
         return ""
     kinds: dict[str, int] = {}

@@ -1,8 +1,10 @@
 """Run one vLLM engine over a whole workload, in its own process.
 
 Standalone on purpose: it imports only the standard library and vLLM, so the same file runs under
-the pinned oracle's virtualenv or under any other vLLM release's (``vllm@<version>``). The harness
-talks to it through files:
+the pinned oracle's virtualenv or under any other vLLM release's (``vllm@<version>``). Its helpers
+sit beside it, standard library only at import as well: :mod:`harness.engines.vllm_full` (whole
+distributions), :mod:`harness.engines.vllm_facts` (kernels and memory of the engine's processes),
+:mod:`harness.engines.layer_taps` (per-layer tensors). The harness talks to it through files:
 
     python vllm_worker.py REQUEST.json RESULT.jsonl
 
@@ -21,12 +23,14 @@ was written (the exit code after it does not matter). An engine start failure wr
 Whole distributions: with "full": {"dir": FOLDER} in the request, every case and score line also
 carries "full": {"path", "rows", "vocab", "capture"}, a ``.npy`` float32 [rows, vocab] file in FOLDER
 whose row t is the engine's log-softmax at position t, column = token id, bit for bit what vLLM
-computes its own logprobs from. The rows are written by a hook in the engine-core process
-(:class:`FullSink`, installed with ``collective_rpc``) straight into the files: no per-position
-dict of the vocabulary is ever built. A release whose model runner lacks the hook's attributes falls
-back to vLLM's own full logprob dicts ("capture": "logprob-dicts"; slow and memory-hungry on a large
-vocabulary, but the same contract). The meta line's "peak_rss_kib" gives the peak resident memory of
-this process and of the engine-core process.
+computes its own logprobs from (see :mod:`harness.engines.vllm_full`). The meta line's
+"peak_rss_kib" gives the peak resident memory of this process and of the engine-core process.
+
+Per-layer tensors: "tensors": {"dir": FOLDER, "sequences": [{"id", "ids"}]} adds one
+{"kind": "tensors", "id", "path", "positions", "rows", "calls", "names"} line per sequence, its
+``.npz`` in FOLDER holding every name of :mod:`harness.engines.layer_taps` at every position, or one
+{"kind": "tensors", "refused": reason} line when the taps cannot be installed. The harness asks for
+an eager engine without a prefix cache for such a run (see :func:`_layer_tensors`).
 
 One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
 cores) dominates, generation of a suite takes well under a second.
@@ -42,10 +46,21 @@ import time
 import traceback
 from typing import Any
 
-# Run as a script, this file's folder heads sys.path, and its sibling vllm.py would shadow the real
-# vLLM package: drop it.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+if __package__:  # imported by the harness (harness.engines.vllm_worker)
+    from harness.engines import layer_taps, vllm_facts, vllm_full
+else:
+    # Run as a script by a vLLM release's python: this file's folder heads sys.path, and its sibling
+    # vllm.py would shadow the real vLLM package. Put the folder last instead, so that only the
+    # helpers next to this file (standard library only at import) resolve there; vLLM's engine
+    # processes inherit this path and unpickle the hooks by reference.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE] + [_HERE]
+    import layer_taps  # type: ignore[no-redef]
+    import vllm_facts  # type: ignore[no-redef]
+    import vllm_full  # type: ignore[no-redef]
+
+FullFiles = vllm_full.FullFiles
+kernel_facts, peak_rss_kib = vllm_facts.kernel_facts, vllm_facts.peak_rss_kib
 
 # Start-up failures whose message means "this configuration is not supported here", not a crash.
 REFUSAL_MARKERS = (
@@ -113,235 +128,6 @@ def output_fields(result: Any, k: int) -> dict[str, Any]:
             "num_cached_tokens": getattr(result, "num_cached_tokens", None)}
 
 
-def _process_tree(root: int) -> list[int]:
-    """``root`` and its live descendants (vLLM's engine-core and worker processes), from /proc."""
-    parent: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    parent[int(entry)] = int(fh.read().rsplit(")", 1)[-1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    tree, todo = [root], [root]
-    while todo:
-        me = todo.pop()
-        kids = [pid for pid, ppid in parent.items() if ppid == me]
-        tree += kids
-        todo += kids
-    return tree
-
-
-def kernel_facts() -> dict[str, Any]:
-    """Which CPU kernels this engine really uses: vLLM's compiled libraries (``_C``,
-    ``_C_AVX512``, ``_C_AVX2``: the one ``import_kernels`` chose) mapped into this process or its
-    engine-core / worker processes (their /proc/<pid>/maps; Linux only), torch's ATen CPU
-    capability, and what ``torch.cpu``'s feature probes answer (vLLM chooses libraries and
-    attention/GEMM paths by them)."""
-    libs: set[str] = set()
-    seen = 0
-    try:
-        for pid in _process_tree(os.getpid()):
-            try:
-                with open(f"/proc/{pid}/maps") as fh:
-                    names = {line.rsplit("/", 1)[-1].strip() for line in fh if "/vllm/_C" in line}
-            except OSError:
-                continue
-            found = {n.split(".", 1)[0] for n in names if n.endswith(".so")}
-            seen += bool(found)
-            libs |= found
-    except OSError:
-        pass
-    facts: dict[str, Any] = {"kernel_libraries": sorted(libs), "processes_with_kernels": seen}
-    try:
-        import torch
-
-        facts["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-        facts["cpu_probes"] = {name: bool(getattr(torch.cpu, f"_is_{name}_supported")())
-                               for name in ("avx2", "avx512", "avx512_bf16", "amx_tile")
-                               if hasattr(torch.cpu, f"_is_{name}_supported")}
-    except Exception as e:  # noqa: BLE001 - facts for the record, never a reason to fail the run
-        facts["error"] = f"{type(e).__name__}: {e}"
-    return facts
-
-
-# ---------------------------------------------------------------------------------------------
-# Whole distributions as arrays (suites with logprobs = "full")
-
-FULL_TAG = "harness_full"
-"""``SamplingParams.extra_args`` key naming a request's ``.npy`` file (and which rows go in it)."""
-
-
-class FullSink:
-    """Engine-core side: writes the log-softmax rows of tagged requests into their ``.npy`` files.
-
-    Wraps two model-runner methods: ``_sample`` (one row per generated token, row order
-    ``input_batch.req_ids``, rows of a request still in chunked prefill discarded, as vLLM does) and
-    ``_get_prompt_logprobs_dict`` (teacher forcing: the rows of the prompt positions, recomputed
-    from the same hidden states for the positions the harness asked for). Rows are computed with
-    the sampler's own ``compute_logprobs``, so they equal vLLM's reported logprobs bit for bit.
-    """
-
-    def __init__(self, runner: Any) -> None:
-        self.runner = runner
-        self.tags: dict[str, Any] = {}
-        self.next_row: dict[str, int] = {}
-        self.written: dict[str, int] = {}
-        self.fds: dict[str, int] = {}
-        self.seconds = 0.0
-
-    def tag(self, req_id: str) -> dict | None:
-        if req_id not in self.tags:
-            state = self.runner.requests.get(req_id)
-            extra = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
-            self.tags[req_id] = extra.get(FULL_TAG)
-        return self.tags[req_id]
-
-    def _write(self, tag: dict, row: int, values: Any) -> None:
-        if not 0 <= row < int(tag["rows"]):
-            return
-        fd = self.fds.get(tag["path"])
-        if fd is None:
-            fd = self.fds[tag["path"]] = os.open(tag["path"], os.O_WRONLY)
-        data = values.contiguous().numpy().tobytes()
-        os.pwrite(fd, data, int(tag["offset"]) + row * len(data))
-        self.written[tag["path"]] = self.written.get(tag["path"], 0) + 1
-
-    def sampled(self, logits: Any) -> None:
-        import torch
-
-        t0 = time.perf_counter()
-        batch = self.runner.input_batch
-        n = batch.num_reqs
-        discard = self.runner.discard_request_mask.np[:n]
-        rows = [i for i, r in enumerate(batch.req_ids[:n])
-                if not discard[i] and (self.tag(r) or {}).get("kind") == "gen"]
-        if rows:
-            lp = self.runner.sampler.compute_logprobs(
-                logits.index_select(0, torch.tensor(rows, device=logits.device))).cpu()
-            for j, i in enumerate(rows):
-                req = batch.req_ids[i]
-                pos = self.next_row.get(req, 0)
-                self.next_row[req] = pos + 1
-                self._write(self.tags[req], pos, lp[j])
-        self.seconds += time.perf_counter() - t0
-
-    def prompt_plan(self, scheduled: dict) -> list[tuple[dict, int, int, int]]:
-        """(tag, first prompt position, offset in the hidden states, count) for this step, taken
-        before vLLM's own pass forgets the requests whose prompt is done."""
-        plan = []
-        for req_id in list(self.runner.num_prompt_logprobs):
-            tag, n = self.tag(req_id), scheduled.get(req_id)
-            if not tag or tag.get("kind") != "score" or n is None:
-                continue
-            state = self.runner.requests[req_id]
-            start = int(state.num_computed_tokens)
-            count = min(int(n), len(state.prompt_token_ids) - start - 1)
-            if count <= 0:
-                continue
-            idx = self.runner.input_batch.req_id_to_index[req_id]
-            plan.append((tag, start, int(self.runner.query_start_loc.np[idx].item()), count))
-        return plan
-
-    def prompt_rows(self, hidden: Any, plan: list[tuple[dict, int, int, int]]) -> None:
-        t0 = time.perf_counter()
-        for tag, start, offset, count in plan:
-            first, want = int(tag["first"]), int(tag["rows"])
-            lo, hi = max(start, first), min(start + count, first + want)
-            if lo >= hi:
-                continue
-            h = hidden[offset + lo - start: offset + hi - start]
-            lp = self.runner.sampler.compute_logprobs(self.runner.model.compute_logits(h)).cpu()
-            for j in range(hi - lo):
-                self._write(tag, lo + j - first, lp[j])
-        self.seconds += time.perf_counter() - t0
-
-    def report(self) -> dict[str, Any]:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
-        import resource
-
-        return {"written": dict(self.written), "seconds": self.seconds,
-                "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
-
-
-def install_full_sink(worker: Any) -> str:
-    """Runs in the engine-core process (``collective_rpc``): wrap the model runner's sampling and
-    prompt-logprob steps with a :class:`FullSink`."""
-    runner = worker.model_runner
-    for need in ("_sample", "_get_prompt_logprobs_dict", "input_batch", "requests", "sampler",
-                 "num_prompt_logprobs", "query_start_loc", "discard_request_mask", "model"):
-        if not hasattr(runner, need):
-            raise AttributeError(f"{type(runner).__name__} has no {need!r}")
-    sink = FullSink(runner)
-    sample, prompt = runner._sample, runner._get_prompt_logprobs_dict
-
-    def _sample(logits: Any, spec_decode_metadata: Any) -> Any:
-        out = sample(logits, spec_decode_metadata)
-        if logits is not None and spec_decode_metadata is None:
-            sink.sampled(logits)
-        return out
-
-    def _prompt(hidden_states: Any, num_scheduled_tokens: dict) -> Any:
-        plan = sink.prompt_plan(num_scheduled_tokens)
-        out = prompt(hidden_states, num_scheduled_tokens)
-        sink.prompt_rows(hidden_states, plan)
-        return out
-
-    runner._sample, runner._get_prompt_logprobs_dict = _sample, _prompt
-    runner.harness_full_sink = sink
-    return type(runner).__name__
-
-
-def full_sink_report(worker: Any) -> dict[str, Any]:
-    """Runs in the engine-core process: rows written per file, seconds spent, peak RSS."""
-    sink = getattr(worker.model_runner, "harness_full_sink", None)
-    if sink is None:
-        import resource
-
-        return {"written": {}, "seconds": 0.0,
-                "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
-    return sink.report()
-
-
-class FullFiles:
-    """Worker side: the ``.npy`` files of one run, created before the engine writes into them."""
-
-    def __init__(self, folder: str, vocab: int, hooked: bool) -> None:
-        os.makedirs(folder, exist_ok=True)
-        self.folder, self.vocab, self.hooked = folder, vocab, hooked
-        self.files: dict[str, dict[str, Any]] = {}
-
-    def new(self, name: str, kind: str, rows: int, first: int = 0) -> dict[str, Any]:
-        """Create ``<name>.npy`` ([rows, vocab] float32, zero-filled, sparse); returns its tag."""
-        import numpy as np
-
-        path = os.path.join(self.folder, f"{name}.npy")
-        mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(max(rows, 1), self.vocab))
-        tag = {"path": path, "kind": kind, "rows": rows, "first": first, "offset": int(mm.offset)}
-        del mm
-        self.files[path] = tag
-        return tag
-
-    def fill_from_dicts(self, tag: dict[str, Any], steps: list) -> None:
-        """The fallback: rows from vLLM's own full logprob dicts (``logprobs=-1``)."""
-        import numpy as np
-
-        mm = np.load(tag["path"], mmap_mode="r+")
-        for t, step in enumerate(steps[: int(tag["rows"])]):
-            row = np.full(self.vocab, -np.inf, np.float32)
-            ids = np.fromiter(step.keys(), np.int64, len(step))
-            row[ids] = np.fromiter((v.logprob for v in step.values()), np.float32, len(step))
-            mm[t] = row
-        mm.flush()
-        del mm
-
-    def line(self, tag: dict[str, Any], rows: int) -> dict[str, Any]:
-        return {"path": tag["path"], "rows": rows, "vocab": self.vocab,
-                "capture": "engine-hook" if self.hooked else "logprob-dicts"}
-
-
 def exit_without_teardown(rc: int) -> None:
     """Leave now. vLLM's interpreter teardown has been seen to abort ("terminate called without an
     active exception", exit -6) after every result was written; the parent kills this process
@@ -372,7 +158,8 @@ def _score(llm, sampling_params, score: dict | None, seed: int, files: FullFiles
         params.append(sampling_params(
             temperature=0.0, max_tokens=1,
             prompt_logprobs=-1 if k <= 0 or (files and not files.hooked) else k,
-            detokenize=False, seed=seed, extra_args={FULL_TAG: tag} if tag and files.hooked else None))
+            detokenize=False, seed=seed,
+            extra_args={vllm_full.FULL_TAG: tag} if tag and files.hooked else None))
     t0 = time.perf_counter()
     results = llm.generate([{"prompt_token_ids": q["prompt_ids"] + q["continuation_ids"]} for q in seqs],
                            params, use_tqdm=False)
@@ -438,7 +225,7 @@ def _with_tag(extra: dict, tag: dict | None) -> dict:
     """``SamplingParams`` keyword arguments with a request's full-row tag in its ``extra_args``."""
     if tag is None:
         return dict(extra)
-    return {**extra, "extra_args": {**(extra.get("extra_args") or {}), FULL_TAG: tag}}
+    return {**extra, "extra_args": {**(extra.get("extra_args") or {}), vllm_full.FULL_TAG: tag}}
 
 
 def _full_files(llm: Any, full: dict | None) -> tuple[FullFiles | None, str | None]:
@@ -447,47 +234,46 @@ def _full_files(llm: Any, full: dict | None) -> tuple[FullFiles | None, str | No
         return None, None
     vocab = int(llm.llm_engine.model_config.get_vocab_size())
     try:
-        llm.collective_rpc(install_full_sink)
+        llm.collective_rpc(vllm_full.install_full_sink)
         return FullFiles(full["dir"], vocab, True), None
     except Exception as e:  # noqa: BLE001 - an older runner: fall back to vLLM's own dicts
         return FullFiles(full["dir"], vocab, False), f"{type(e).__name__}: {e}"[:300]
 
 
-def peak_rss_kib() -> dict[str, Any]:
-    """Peak resident memory (``VmHWM``) of this process and of every process it started (vLLM's
-    engine core), read from /proc while they still run."""
-    def hwm(pid: int | str) -> int | None:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                return next((int(x.split()[1]) for x in f if x.startswith("VmHWM:")), None)
-        except OSError:
-            return None
-
-    parents: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parents[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    me, kids, todo = os.getpid(), {}, [os.getpid()]
-    while todo:
-        p = todo.pop()
-        for c, pp in parents.items():
-            if pp == p and c not in kids:
-                kids[c] = hwm(c)
-                todo.append(c)
-    own = hwm(me) or 0
-    children = {str(c): v for c, v in kids.items() if v}
-    return {"worker": own, "children": children, "total": own + sum(children.values())}
+def _layer_tensors(llm: Any, sampling_params: Any, tensors: dict | None) -> tuple[list[dict], float]:
+    """Per sequence, every layer's sub-block stream, the final norm and the logits at every position
+    (:mod:`harness.engines.layer_taps`, tapped in the engine's worker process). One request per
+    ``generate`` call (``max_tokens`` 1: its prefill is the only forward pass), so the rows of one
+    forward pass are one sequence's; the engine runs eager (compiled graphs skip module hooks) and
+    without a prefix cache (a cached prefix would skip rows), which the request's engine settings
+    say. A family the taps do not know, or modules not where they expect them, is one ``tensors``
+    line with ``refused``."""
+    if not tensors:
+        return [], 0.0
+    t0 = time.perf_counter()
+    hf = llm.llm_engine.model_config.hf_config
+    model_type = getattr(getattr(hf, "get_text_config", lambda: hf)(), "model_type", None)
+    try:
+        llm.collective_rpc(layer_taps.vllm_install, args=(model_type,))
+    except Exception as e:  # noqa: BLE001 - the reason goes to the harness
+        return [{"kind": "tensors", "refused": f"{type(e).__name__}: {e}"[:1000]}], 0.0
+    os.makedirs(tensors["dir"], exist_ok=True)
+    params = sampling_params(temperature=0.0, max_tokens=1, detokenize=False)
+    lines = []
+    for i, q in enumerate(tensors["sequences"]):
+        llm.collective_rpc(layer_taps.vllm_arm)
+        llm.generate([{"prompt_token_ids": list(q["ids"])}], params, use_tqdm=False)
+        path = os.path.join(tensors["dir"], f"tensors-{i:04d}.npz")
+        got = llm.collective_rpc(layer_taps.vllm_take, args=(path,))[0]
+        lines.append({"kind": "tensors", "id": q["id"], "path": path, "positions": len(q["ids"]), **got})
+    return lines, time.perf_counter() - t0
 
 
 def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
     full = req.get("full")
-    if full:  # the hook reaches the engine-core process as a pickled function (collective_rpc)
+    if full or req.get("tensors"):  # hooks reach the engine's processes as pickled functions
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     with open(result_path, "w") as out:
         t0 = time.perf_counter()
@@ -524,7 +310,7 @@ def main(request_path: str, result_path: str) -> int:
                  "continuation_ids": [int(t) for t in r.outputs[0].token_ids]}
                 for c, r in zip(req["cases"], results, strict=True)]}
         scored, t_score = _score(llm, SamplingParams, score, int(s.get("seed", 0)), files)
-        sink = llm.collective_rpc(full_sink_report)[0] if files and files.hooked else {}
+        sink = llm.collective_rpc(vllm_full.full_sink_report)[0] if files and files.hooked else {}
         written = sink.get("written", {})
         levels = []
         plain = params if not files else [SamplingParams(  # speed replays write no rows
@@ -534,12 +320,14 @@ def main(request_path: str, result_path: str) -> int:
             res_c, ttft_c, t_c = _closed_loop(llm, prompts, plain, int(c))
             levels.append({"concurrency": int(c), "wall_s": time.perf_counter() - t_c, "ttft_s": ttft_c,
                            "output_tokens": sum(len(r.outputs[0].token_ids) for r in res_c)})
+        layers, t_layers = _layer_tensors(llm, SamplingParams, req.get("tensors"))
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
         write_line(out, {
             "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
             "timings": {"engine_start_s": t_start, "generate_s": t_gen,
                         **({"score_s": t_score} if scored else {}),
-                        **({"full_hook_s": sink["seconds"]} if sink else {})},
+                        **({"full_hook_s": sink["seconds"]} if sink else {}),
+                        **({"tensors_s": t_layers} if layers else {})},
             "output_tokens": n_out,
             **({"concurrency": int(conc), "ttft_s": ttft} if conc and prompts else {}),
             **({"speed_levels": levels} if levels else {}),
@@ -563,6 +351,8 @@ def main(request_path: str, result_path: str) -> int:
         for line in scored:
             if "full" in line and files is not None and files.hooked:
                 line["full"]["written"] = written.get(line["full"]["path"])
+            write_line(out, line)
+        for line in layers:
             write_line(out, line)
         write_line(out, {"kind": "end"})  # every result is written: the exit code no longer matters
     return 0

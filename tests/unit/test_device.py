@@ -271,7 +271,9 @@ def test_an_engine_child_is_fingerprinted_with_its_own_steering_and_report() -> 
 
 def test_the_vllm_worker_looks_for_kernel_libraries_in_its_whole_process_tree() -> None:
     """The engine core is a grandchild of the worker's parent: the worker reads every descendant's
-    memory map, not only its own (its own may not hold vLLM's kernels)."""
+    memory map, not only its own (its own may not hold vLLM's kernels). The worker is loaded from
+    its file, outside the package, as a vLLM release's python runs it: its helpers beside it
+    resolve."""
     import importlib.util
 
     from harness.engines.vllm import WORKER
@@ -280,10 +282,11 @@ def test_the_vllm_worker_looks_for_kernel_libraries_in_its_whole_process_tree() 
     assert spec is not None and spec.loader is not None
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
+    assert worker.vllm_facts.__name__ == "vllm_facts"  # the script's own import, not the package's
     child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
         for _ in range(100):
-            tree = worker._process_tree(os.getpid())
+            tree = worker.vllm_facts._process_tree(os.getpid())
             if len(tree) >= 3:
                 break
             time.sleep(0.05)

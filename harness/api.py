@@ -17,7 +17,8 @@ Everything the pipeline will ever ask of an engine is declared here: the :class:
 the :class:`RunFacts` a runner reports after running (timings, speed, what it could return, KV
 capacity), and the optional abilities an engine opts into by implementing a second protocol —
 :class:`Scorer` (teacher forcing: score given sequences) and :class:`TensorSource` (logits and
-hidden states). The pipeline never probes a runner with ``getattr``.
+hidden states; every engine declares its :class:`TensorAbility`, with the reason where it has
+none). The pipeline never probes a runner with ``getattr``.
 """
 
 from __future__ import annotations
@@ -293,13 +294,55 @@ class Scorer(Protocol):
         ...
 
 
+TensorKind = Literal["continuation", "layers"]
+"""What :class:`TensorSource` can return: ``continuation`` (:meth:`TensorSource.capture_tensors`) or
+``layers`` (:meth:`TensorSource.capture_layers`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorAbility:
+    """What an engine can expose of its forward pass, known before it starts: every engine of this
+    tree declares it, and one that cannot says why (a server that answers tokens and logprobs only,
+    a model family whose sub-blocks the taps do not know)."""
+
+    continuation: bool = False
+    """:meth:`TensorSource.capture_tensors`: logits and per-layer hidden states at continuation
+    positions (NMSE of tensors in an A/B, a trainer's logits)."""
+    layers: bool = False
+    """:meth:`TensorSource.capture_layers`: each layer's sub-block stream, the final norm and the
+    logits at every position of a sequence (localizing where two engines part)."""
+    why_not: Mapping[str, str] = field(default_factory=dict)
+    """``continuation`` / ``layers`` -> why the engine cannot return it."""
+    note: str = ""
+    """How it captures (e.g. "hooks in vLLM's worker process, eager mode"), for the record."""
+
+    def can(self, kind: TensorKind) -> bool:
+        return bool(self.continuation if kind == "continuation" else self.layers)
+
+    def reason(self, kind: TensorKind) -> str:
+        return self.why_not.get(kind) or f"the engine declares no {kind} tensors"
+
+
 @runtime_checkable
 class TensorSource(Protocol):
-    """Optional ability: logits and per-layer hidden states on given sequences (NMSE of tensors)."""
+    """The engine's declaration of what it can expose of its forward pass (:meth:`tensor_ability`)
+    and the captures themselves. Engines that cannot expose tensors implement it too, to say why;
+    their captures raise :class:`EngineRefused` with that reason. ``start`` comes first, as for
+    :meth:`Runner.run`."""
+
+    def tensor_ability(self) -> TensorAbility: ...
 
     def capture_tensors(self, cases: Sequence[Case], continuations: Mapping[str, Sequence[int]]
                         ) -> dict[str, dict[str, np.ndarray]]:
         """Per case id: ``logits`` and ``hidden.<layer>`` at each continuation position."""
+        ...
+
+    def capture_layers(self, sequences: Mapping[str, Sequence[int]]) -> dict[str, dict[str, np.ndarray]]:
+        """Teacher forcing, per sequence id (the sequence is token ids, fed whole): at every position,
+        ``layer.<i>.attn`` and ``layer.<i>.mlp`` (``.moe``: a mixture-of-experts block) — the residual
+        stream after each sub-block —, ``final_norm`` and ``logits``, each ``[positions, width]``
+        float32, named alike in every engine (:mod:`harness.engines.layer_taps`). Raises
+        :class:`EngineRefused` (the reason) or :class:`EngineFailed` (the engine crashed)."""
         ...
 
 

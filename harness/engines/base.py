@@ -11,12 +11,14 @@ builds of an engine). Each engine module registers one factory per name in :data
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.api import EngineRefused, Runner
+import numpy as np
+
+from harness.api import Case, EngineRefused, Runner, TensorAbility
 from harness.models import ModelRef
 from harness.registry import Registry
 
@@ -70,3 +72,21 @@ def coerce(v: str) -> Any:
         except ValueError:
             pass
     return {"true": True, "false": False, "none": None}.get(v.lower(), v)
+
+
+class NoTensors:
+    """The :class:`~harness.api.TensorSource` declaration of an engine that exposes no tensors:
+    the reason (``tensors_why_not``), and captures that refuse with it."""
+
+    name: str
+    tensors_why_not = "the engine exposes no tensors"
+
+    def tensor_ability(self) -> TensorAbility:
+        return TensorAbility(why_not={"continuation": self.tensors_why_not, "layers": self.tensors_why_not})
+
+    def capture_tensors(self, cases: Sequence[Case], continuations: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, np.ndarray]]:
+        raise EngineRefused(f"{self.name}: {self.tensors_why_not}")
+
+    def capture_layers(self, sequences: Mapping[str, Sequence[int]]) -> dict[str, dict[str, np.ndarray]]:
+        raise EngineRefused(f"{self.name}: {self.tensors_why_not}")

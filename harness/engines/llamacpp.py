@@ -44,7 +44,7 @@ from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
-from harness.engines.base import ENGINES, RunnerContext, parse_options
+from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
 from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
@@ -128,8 +128,10 @@ class LlamaCppServer(LoopbackServer):
                 "--host", self.host, "--port", str(self.port)]
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(NoTensors):
     """``llamacpp[:options]``: build (once), write the GGUF (once), start the server, gate, stop."""
+
+    tensors_why_not = "llama.cpp's server answers tokens and logprobs over HTTP, never its hidden states"
 
     def __init__(self, model: ModelRef, options: Mapping[str, str], name: str = "llamacpp",
                  run_dir: Path | None = None, concurrency: int = 1, repo_root: Path = REPO_ROOT) -> None:

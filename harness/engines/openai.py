@@ -60,7 +60,7 @@ import numpy as np
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
-from harness.engines.base import ENGINES, RunnerContext
+from harness.engines.base import ENGINES, NoTensors, RunnerContext
 from harness.engines.server_text import ids_from_echo, left_to_server, sampling_defaults, tokenize_endpoint
 from harness.engines.token_text import UNMAPPED, TokenTexts
 from harness.models import ModelRef
@@ -257,8 +257,10 @@ class _Reply:
                 self.ttft_s = time.perf_counter() - t_sent
 
 
-class OpenAIRunner:
+class OpenAIRunner(NoTensors):
     """A candidate reached over HTTP. ``watch`` (optional) says why the server died, if it did."""
+
+    tensors_why_not = "an OpenAI-compatible server answers tokens and logprobs, never its hidden states"
 
     def __init__(self, options: OpenAIOptions, name: str = "openai",
                  watch: Callable[[], str | None] | None = None, model: ModelRef | None = None) -> None:

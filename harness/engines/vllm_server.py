@@ -18,7 +18,7 @@ from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
 from harness.device import device_block
-from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options, split_spec
+from harness.engines.base import ENGINES, NoTensors, RunnerContext, coerce, parse_options, split_spec
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
 from harness.engines.venvs import VenvError
@@ -61,8 +61,11 @@ class VLLMServer(LoopbackServer):
                 *server_args(self.settings), "--host", self.host, "--port", str(self.port)]
 
 
-class VLLMServerRunner:
+class VLLMServerRunner(NoTensors):
     """``vllm-server[@version]``: start a vLLM server, gate it over HTTP, stop it."""
+
+    tensors_why_not = ("a vLLM server answers tokens and logprobs over HTTP, never its hidden states "
+                       "(the offline `vllm` candidate can)")
 
     def __init__(self, model: ModelRef, options: Mapping[str, Any], name: str = "vllm-server",
                  python: str | Callable[[], str] | None = None, run_dir: Path | None = None,

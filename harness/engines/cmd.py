@@ -19,6 +19,23 @@ the generation time without start-up, from which output tok/s is computed.
 
 Bad output never crashes the gate: a non-JSON line, a missing or repeated case, or arrays of the
 wrong length become that case's ``error`` verdict naming the stdout line.
+
+**Tensors (optional).** To localize where the command's engine parts from the oracle (``harness
+localize``), the harness starts the command once more with a workload of tensor requests, one line
+per sequence, fed whole (teacher forcing)::
+
+    {"id": "c03", "tensors": {"ids": [15, 7, ...], "dir": "/path/for/files"}}
+
+and the command answers each with the residual stream after every layer's attention and MLP
+sub-block, the final norm and the logits at every position, named as
+:mod:`harness.engines.layer_taps` names them (``layer.<i>.attn``, ``layer.<i>.mlp`` or ``.moe``,
+``final_norm``, ``logits``), one row per token::
+
+    {"id": "c03", "tensors": {"layer.0.attn": [[0.1, ...], ...], ..., "logits": [[...], ...]}}
+
+or ``{"id": "c03", "tensors": "c03.npz"}``: an ``.npz`` (no pickle) it wrote into ``dir`` holding
+those arrays. A command that answers ``{"id": ..., "error": "..."}``, or anything without
+``tensors``, cannot localize: the diagnosis is refused with its answer, never a crash.
 """
 
 from __future__ import annotations
@@ -36,7 +53,16 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.api import (
+    Case,
+    EngineFailed,
+    EngineInfo,
+    EngineRefused,
+    Output,
+    RunFacts,
+    Sampling,
+    TensorAbility,
+)
 from harness.capabilities import Capabilities
 from harness.engines.base import ENGINES, RunnerContext
 from harness.engines.procs import kill_group, parent_death_signal, track
@@ -114,6 +140,32 @@ def parse_case_line(d: Mapping[str, Any], case_id: str, sampling: Sampling) -> t
                   str(d.get("finish_reason") or "")), ttft_s
 
 
+def tensor_reply(v: Any, rows: int, folder: Path) -> dict[str, np.ndarray]:
+    """A tensors answer (name -> rows, or the name of an ``.npz`` in ``folder``) as float32 arrays of
+    ``rows`` rows each. Raises :class:`LineError`."""
+    if isinstance(v, str):
+        path = (folder / v).resolve()
+        if folder.resolve() not in path.parents:
+            raise LineError(f"tensors file {v!r} is outside the folder the request gave")
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                v = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as e:
+            raise LineError(f"cannot read tensors file {v!r}: {e}") from None
+    if not isinstance(v, dict) or not v:
+        raise LineError("field 'tensors' must be an object of name -> rows, or an .npz file name")
+    out = {}
+    for name, rows_ in v.items():
+        try:
+            a = np.asarray(rows_, np.float32)
+        except (TypeError, ValueError):
+            raise LineError(f"tensor {name!r} is not a rectangular array of numbers") from None
+        if a.ndim != 2 or a.shape[0] != rows:
+            raise LineError(f"tensor {name!r} has shape {list(a.shape)}, expected [{rows}, width]")
+        out[str(name)] = a
+    return out
+
+
 class CmdRunner:
     def __init__(self, command: str, model: ModelRef, name: str = "cmd", run_dir: Path | None = None,
                  timeout_s: float = TIMEOUT_S) -> None:
@@ -148,9 +200,15 @@ class CmdRunner:
         """The command starts in ``run``: it gets the whole workload at once."""
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
-        work = Path(tempfile.mkdtemp(prefix="cmd-", dir=self.run_dir))
-        workload = "".join(json.dumps({"id": c.id, "prompt_ids": list(c.prompt_ids), **sampling.to_json()})
-                           + "\n" for c in cases)
+        lines = [{"id": c.id, "prompt_ids": list(c.prompt_ids), **sampling.to_json()} for c in cases]
+        out, why, _ = self._exchange(lines, "cmd-")
+        return self._collect(out, cases, sampling, why)
+
+    def _exchange(self, lines: Sequence[Mapping[str, Any]], prefix: str) -> tuple[str, str, Path]:
+        """Start the command on a workload of ``lines`` (stdin, or ``{workload}``); its stdout, why it
+        failed ("" if it did not) and its run folder."""
+        work = Path(tempfile.mkdtemp(prefix=prefix, dir=self.run_dir))
+        workload = "".join(json.dumps(line) + "\n" for line in lines)
         wl_path = work / "workload.jsonl"
         wl_path.write_text(workload)
         self.log_path = work / "stderr.log"
@@ -175,16 +233,55 @@ class CmdRunner:
                 why = f"the command did not finish within {self.timeout_s:g} s and was killed"
             finally:
                 kill_group(proc, grace_s=3.0)  # whatever it forked and left behind
-        wall = time.perf_counter() - t0
+        self.timings["command_wall_s"] = time.perf_counter() - t0
         self.returncode = proc.returncode
         (work / "stdout.jsonl").write_bytes(out)
         if not why and proc.returncode != 0:
             why = f"the command exited with {proc.returncode}"
         if why:
             why += f"; stderr tail: {_excerpt(self._tail())}"
-        outs = self._collect(out.decode(errors="replace"), cases, sampling, why)
-        self.timings["command_wall_s"] = wall
-        return outs
+        return out.decode(errors="replace"), why, work
+
+    def tensor_ability(self) -> TensorAbility:
+        return TensorAbility(layers=True, why_not={
+            "continuation": "the cmd protocol's tensors request covers whole sequences (capture_layers)"},
+            note="asks the command (the protocol's optional tensors request); a command that does not "
+                 "answer it is refused with its answer")
+
+    def capture_tensors(self, cases: Sequence[Case], continuations: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, np.ndarray]]:
+        raise EngineRefused(f"{self.name}: {self.tensor_ability().reason('continuation')}")
+
+    def capture_layers(self, sequences: Mapping[str, Sequence[int]]) -> dict[str, dict[str, np.ndarray]]:
+        """The protocol's tensors request, one line per sequence; every answer validated (2-D arrays,
+        one row per token). A missing or refused answer is :class:`EngineRefused` with it."""
+        folder = Path(tempfile.mkdtemp(prefix="cmd-tensors-files-", dir=self.run_dir))
+        lines = [{"id": sid, "tensors": {"ids": [int(t) for t in ids], "dir": str(folder)}}
+                 for sid, ids in sequences.items()]
+        out, why, _ = self._exchange(lines, "cmd-tensors-")
+        answers: dict[str, tuple[int, Mapping[str, Any]]] = {}
+        for no, line in enumerate(out.splitlines(), 1):
+            try:
+                d = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError:
+                continue
+            if isinstance(d, dict) and d.get("id") in sequences and d["id"] not in answers:
+                answers[d["id"]] = (no, d)
+        got = {}
+        for sid, ids in sequences.items():
+            if sid not in answers:
+                raise EngineRefused(f"{self.name}: no answer to the tensors request for {sid}"
+                                    + (f" ({why})" if why else ""))
+            no, d = answers[sid]
+            if d.get("error") is not None or "tensors" not in d:
+                said = str(d.get("error")) if d.get("error") is not None else _excerpt(json.dumps(d))
+                raise EngineRefused(f"{self.name}: the command does not answer tensors requests (stdout line "
+                                    f"{no}, {sid}: {said[:300]})")
+            try:
+                got[sid] = tensor_reply(d["tensors"], len(ids), folder)
+            except LineError as e:
+                raise EngineFailed(f"{self.name}: stdout line {no} ({sid}): {e}") from None
+        return got
 
     def _collect(self, stdout: str, cases: Sequence[Case], sampling: Sampling, why: str) -> list[Output]:
         wanted = {c.id for c in cases}

@@ -4,7 +4,8 @@ Options (``hf:device=cuda,dtype=bfloat16``): ``device`` (cpu default), ``dtype``
 ``kv`` (``plain`` default; ``quanto-int4`` / ``quanto-int2``: a quantized KV cache, decoded one token
 per step, see :mod:`harness.engines.hf_decode`), ``decode`` (``generate``: transformers' ``generate``,
 the default with a plain cache; ``step``: the harness's one-token-per-step loop, the only path for a
-quantized cache — an A/B of caches compares both arms on it).
+quantized cache — an A/B of caches compares both arms on it), ``weights`` (another checkpoint of the
+named model, gated against its goldens: see :mod:`harness.engines.weights`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.api import (
+    Case,
+    EngineFailed,
+    EngineInfo,
+    EngineRefused,
+    Output,
+    RunFacts,
+    Sampling,
+    TensorAbility,
+)
 from harness.device import device_block
 from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.hf_decode import (
@@ -27,6 +37,8 @@ from harness.engines.hf_decode import (
     tensors_forward,
     tensors_stepwise,
 )
+from harness.engines.layer_taps import LayerTaps, family_at
+from harness.engines.weights import Weights, checkpoint_for
 from harness.models import ModelRef
 from harness.teacher import scored_output
 
@@ -41,10 +53,12 @@ class HFRunner:
         self.dtype = options.get("dtype", "float32")
         self.kv = options.get("kv", "plain")
         self.decode = options.get("decode", "generate" if self.kv == "plain" else "step")
-        unknown = set(options) - {"device", "dtype", "kv", "decode"}
+        unknown = set(options) - {"device", "dtype", "kv", "decode", "weights"}
         if unknown:
             raise EngineRefused(f"hf: unknown option(s) {', '.join(sorted(unknown))}; "
-                                "valid: device, dtype, kv, decode")
+                                "valid: device, dtype, kv, decode, weights")
+        self.weights: Weights | None = (checkpoint_for(model, options["weights"], name)
+                                        if "weights" in options else None)
         if self.decode not in ("generate", "step") or (self.decode == "generate" and self.kv != "plain"):
             raise EngineRefused(f"hf: decode {self.decode!r}: 'generate' (plain cache only) or 'step'")
         if self.kv not in KV_CHOICES:
@@ -56,13 +70,19 @@ class HFRunner:
         """KV bytes held by the cache after the longest case, read from the cache tensors."""
         self._lm: Any = None
 
+    @property
+    def path(self) -> str:
+        """The checkpoint it loads: the named model's, or the ``weights`` option's."""
+        return self.weights.path if self.weights else self.model.path
+
     def info(self) -> EngineInfo:
         import transformers
 
         return EngineInfo(self.name, "transformers", transformers.__version__,
                           settings={"device": self.device, "dtype": self.dtype,
                                     **({"kv": self.kv} if self.kv != "plain" else {}),
-                                    **({"decode": self.decode} if self.decode != "generate" else {})})
+                                    **({"decode": self.decode} if self.decode != "generate" else {}),
+                                    **({"weights": self.weights.to_json()} if self.weights else {})})
 
     def start(self) -> None:
         import torch
@@ -73,9 +93,9 @@ class HFRunner:
         t0 = time.perf_counter()
         try:
             self._lm = AutoModelForCausalLM.from_pretrained(
-                self.model.path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
+                self.path, dtype=getattr(torch, self.dtype)).to(self.device).eval()
         except (OSError, ValueError, RuntimeError) as e:
-            raise EngineFailed(f"transformers could not load {self.model.path}: {e}") from None
+            raise EngineFailed(f"transformers could not load {self.path}: {e}") from None
         self.timings["engine_start_s"] = time.perf_counter() - t0
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
@@ -130,6 +150,41 @@ class HFRunner:
             ids, start = [*case.prompt_ids, *cont[:-1]], len(case.prompt_ids) - 1
             out[case.id] = (tensors_forward(self._lm, ids, start) if self.kv == "plain" else
                             tensors_stepwise(self._lm, ids, start, make_cache(self.kv, self._lm.config)))
+        return out
+
+    def tensor_ability(self) -> TensorAbility:
+        fam = family_at(self.path)
+        why = {"layers": fam} if isinstance(fam, str) else {}
+        if self.kv != "plain":
+            why["layers"] = (f"hf:kv={self.kv} reads its quantized cache only when decoding one token per "
+                             "step; a whole-sequence forward pass would not")
+        return TensorAbility(continuation=True, layers=not why, why_not=why,
+                             note="forward hooks on transformers' modules (harness.engines.layer_taps)")
+
+    def capture_layers(self, sequences: Mapping[str, Sequence[int]]) -> dict[str, dict[str, np.ndarray]]:
+        """One forward pass per sequence with taps on every sub-block (plain cache only)."""
+        import torch
+
+        assert self._lm is not None, "start() first"
+        ability = self.tensor_ability()
+        if not ability.layers:
+            raise EngineRefused(f"{self.name}: {ability.reason('layers')}")
+        fam = family_at(self.path)
+        assert not isinstance(fam, str)
+        taps = LayerTaps(self._lm, fam)
+        out = {}
+        t0 = time.perf_counter()
+        try:
+            for sid, ids in sequences.items():
+                taps.arm()
+                with torch.inference_mode():
+                    logits = self._lm(torch.tensor([list(ids)], device=self.device)).logits
+                got = {k: v.numpy() for k, v in taps.take().items()}
+                got["logits"] = logits[0].float().cpu().numpy()
+                out[sid] = {k: got[k] for k in taps.names() if k in got}
+        finally:
+            taps.close()
+        self.timings["tensors_s"] = time.perf_counter() - t0
         return out
 
     def _decode_path(self, case: Case, sampling: Sampling) -> Output:

@@ -28,6 +28,7 @@ not hold cannot be localized, and :func:`family_of` says so.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,17 @@ def family_of(model_type: str | None) -> Family | str:
         return (f"model_type {model_type!r} is not in the sub-block table "
                 f"(harness/engines/layer_taps.py FAMILIES: {', '.join(sorted(FAMILIES))})")
     return fam
+
+
+def family_at(folder: str) -> Family | str:
+    """The family of the checkpoint in ``folder`` (its ``config.json``), or why it cannot be tapped."""
+    try:
+        with open(os.path.join(folder, "config.json")) as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError) as e:
+        return f"cannot read {folder}/config.json: {e}"
+    inner = cfg.get("text_config")
+    return family_of((inner if isinstance(inner, dict) else cfg).get("model_type"))
 
 
 def tensor_names(num_layers: int, moe_layers: set[int] | frozenset[int] = frozenset()) -> list[str]:

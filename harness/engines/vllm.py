@@ -2,7 +2,8 @@
 
 The child process isolates vLLM's worker processes, threads and memory from the harness, and lets
 the same code drive any vLLM release installed in another virtualenv (``python`` argument).
-Options (``vllm:dtype=bfloat16,kv_cache_dtype=fp8``) go to ``vllm.LLM`` on top of the defaults.
+Options (``vllm:dtype=bfloat16,kv_cache_dtype=fp8``) go to ``vllm.LLM`` on top of the defaults,
+except ``weights=PATH``: another checkpoint of the named model (:mod:`harness.engines.weights`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,21 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.api import (
+    Case,
+    EngineFailed,
+    EngineInfo,
+    EngineRefused,
+    Output,
+    RunFacts,
+    Sampling,
+    TensorAbility,
+)
 from harness.device import device_block, engine_fingerprint
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
+from harness.engines.layer_taps import family_at
 from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.weights import Weights, checkpoint_for
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.teacher import scored_output
@@ -37,6 +49,12 @@ REFUSAL_MARKERS = ("No common block size", "requires x86 with AVX-512", "not sup
 DEFAULT_MEM_FRACTION = float(os.environ.get("HARNESS_VLLM_MEM_FRACTION", "0.3"))
 START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLM_TIMEOUT_S", "900"))
 
+
+TENSOR_ENGINE_SETTINGS = {"enforce_eager": True, "enable_prefix_caching": False}
+"""What a run that captures per-layer tensors changes in the engine: module hooks fire only in eager
+mode (vLLM's CPU platform otherwise runs the model as one Dynamo-traced, inductor-compiled graph,
+which never calls a submodule's hooks), and a prefix-cache hit would skip the rows of the cached
+prefix. Every other setting stays the runner's."""
 
 KV_SEQS = int(os.environ.get("HARNESS_VLLM_KV_SEQS", "4"))
 """The KV cache holds this many sequences of ``max_model_len`` tokens (0: a fraction of the host's
@@ -86,6 +104,9 @@ class VLLMRunner:
         self.model = model
         self.python = python or sys.executable
         self._version = version
+        options = dict(options)
+        self.weights: Weights | None = (checkpoint_for(model, str(options.pop("weights")), name)
+                                        if "weights" in options else None)
         self.settings = {**default_engine_settings(model),
                          **{k: coerce(v) if isinstance(v, str) else v for k, v in options.items()}}
         self.sampling_extra = dict(sampling_extra or {})
@@ -95,10 +116,12 @@ class VLLMRunner:
         self.case_meta: dict[str, dict[str, Any]] = {}
         self.log_path: Path | None = None
         self._levels: tuple[int, ...] = ()
+        self.tensor_lines: dict[str, dict[str, Any]] = {}
 
     def info(self) -> EngineInfo:
         version = self.meta.get("version") or self._version or _installed_version(self.python)
-        return EngineInfo(self.name, "vllm", version, settings=dict(self.settings))
+        return EngineInfo(self.name, "vllm", version, settings={
+            **self.settings, **({"weights": self.weights.to_json()} if self.weights else {})})
 
     def start(self) -> None:
         """Nothing to do here: the child process starts the engine and runs the batch at once."""
@@ -132,23 +155,63 @@ class VLLMRunner:
             {"id": c.id, "prompt_ids": list(c.prompt_ids), "continuation_ids": list(continuations[c.id])}
             for c in cases if c.id in continuations]})
 
-    def _work(self, cases: Sequence[Case], sampling: Sampling, score: dict[str, Any] | None
-              ) -> tuple[list[Output], list[Output]]:
+    def tensor_ability(self) -> TensorAbility:
+        fam = family_at(self.weights.path if self.weights else self.model.path)
+        why = {"continuation": "the vLLM runner captures whole sequences per layer (capture_layers); "
+                               "an A/B of vLLM arms compares their logprobs instead"}
+        if isinstance(fam, str):
+            why["layers"] = fam
+        return TensorAbility(layers=not isinstance(fam, str), why_not=why,
+                             note="hooks in vLLM's worker process (collective_rpc), one sequence per "
+                                  "prefill, eager mode and no prefix cache (TENSOR_ENGINE_SETTINGS)")
+
+    def capture_tensors(self, cases: Sequence[Case], continuations: Mapping[str, Sequence[int]]
+                        ) -> dict[str, dict[str, np.ndarray]]:
+        raise EngineRefused(f"{self.name}: {self.tensor_ability().reason('continuation')}")
+
+    def capture_layers(self, sequences: Mapping[str, Sequence[int]]) -> dict[str, dict[str, np.ndarray]]:
+        """One engine start in eager mode without a prefix cache; each sequence is one prefill with
+        taps in the engine's worker process (:mod:`harness.engines.layer_taps`)."""
+        ability = self.tensor_ability()
+        if not ability.layers:
+            raise EngineRefused(f"{self.name}: {ability.reason('layers')}")
+        work = Path(tempfile.mkdtemp(prefix="vllm-tensors-", dir=self.run_dir))
+        seqs = [{"id": k, "ids": [int(t) for t in v]} for k, v in sequences.items()]
+        self._work([], Sampling(max_tokens=1, logprobs=0), None, {"dir": str(work), "sequences": seqs})
+        refused = self.tensor_lines.get("")
+        if refused is not None:
+            raise EngineRefused(f"{self.name}: cannot tap the model: {refused['refused']}")
+        out = {}
+        for sid, ids in sequences.items():
+            d = self.tensor_lines.get(sid)
+            if d is None:
+                raise EngineFailed(f"{self.name}: the worker returned no tensors for {sid}", self._tail())
+            if int(d["rows"]) != len(ids) or int(d["calls"]) < 1:
+                raise EngineFailed(f"{self.name}: {sid}: the taps saw {d['rows']} rows in {d['calls']} "
+                                   f"forward calls for a sequence of {len(ids)} tokens", self._tail())
+            with np.load(d["path"]) as z:
+                out[sid] = {k: np.asarray(z[k], np.float32) for k in d["names"]}
+        return out
+
+    def _work(self, cases: Sequence[Case], sampling: Sampling, score: dict[str, Any] | None,
+              tensors: dict[str, Any] | None = None) -> tuple[list[Output], list[Output]]:
         work = Path(tempfile.mkdtemp(prefix="vllm-", dir=self.run_dir))
         req, res = work / "request.json", work / "result.jsonl"
         self.log_path = work / "engine.log"
-        engine = dict(self.settings)
+        engine = {**self.settings, **(TENSOR_ENGINE_SETTINGS if tensors else {})}
         k = int(score["logprobs"]) if score else 0
         if (max(sampling.logprobs, k) > 20 or sampling.full_vocab) and "max_logprobs" not in engine:
             engine["max_logprobs"] = -1  # vLLM keeps at most 20 unless told otherwise
         req.write_text(json.dumps({
-            "model": self.model.path, "engine": engine, "sampling": sampling.to_json(),
+            "model": self.weights.path if self.weights else self.model.path, "engine": engine,
+            "sampling": sampling.to_json(),
             "sampling_extra": self.sampling_extra,
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
             **({"concurrency": self.concurrency} if self.concurrency else {}),
             **({"full": {"dir": str(work / "full")}} if sampling.full_vocab else {}),
             **({"speed_levels": list(self._levels)} if self._levels else {}),
+            **({"tensors": tensors} if tensors else {}),
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         with self.log_path.open("w") as log:
@@ -183,6 +246,7 @@ class VLLMRunner:
                                float(head["timings"]["generate_s"]),
                                tuple(float(t) for t in head["ttft_s"] if t is not None), "vllm-offline")
         got = {d["id"]: d for d in lines[1:] if d.get("kind", "case") == "case"}
+        self.tensor_lines = {str(d.get("id", "")): d for d in lines[1:] if d.get("kind") == "tensors"}
         scores = []
         for d in lines[1:]:
             if d.get("kind") != "score":

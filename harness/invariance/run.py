@@ -235,9 +235,11 @@ def run_trainer(spec: str, model: ModelRef, rollouts: Mapping[str, tuple[Case, O
 
     folder.mkdir(parents=True, exist_ok=True)
     runner = make_runner(spec, model, RunnerContext(run_dir=folder))
-    if not isinstance(runner, TensorSource):
-        return TrainerResult(spec, "refused", f"the trainer {spec!r} cannot return logits (no TensorSource "
-                                              f"ability): it cannot score in the rollout's logprob mode")
+    if not isinstance(runner, TensorSource) or not runner.tensor_ability().continuation:
+        why = (runner.tensor_ability().reason("continuation") if isinstance(runner, TensorSource)
+               else "no TensorSource ability")
+        return TrainerResult(spec, "refused", f"the trainer {spec!r} cannot return logits ({why}): it cannot "
+                                              f"score in the rollout's logprob mode")
     t0 = time.perf_counter()
     try:
         runner.start()

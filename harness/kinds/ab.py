@@ -108,7 +108,7 @@ def run_arm(spec: str, model: ModelRef, cases: Sequence[Case], sampling: Samplin
             outs = runner.run(cases, sampling)
             scores = outs
         tensors = {}
-        if isinstance(runner, TensorSource):  # logits and hidden states (transformers)
+        if isinstance(runner, TensorSource) and runner.tensor_ability().continuation:  # transformers
             seqs = continuations if continuations is not None else {
                 o.case_id: o.token_ids for o in outs if o.error is None}
             tensors = runner.capture_tensors(cases, seqs)

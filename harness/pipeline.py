@@ -52,10 +52,12 @@ class GateResult:
         return self.judgement.golden
 
 
-def kind_of(suite: Suite) -> GateKind:
-    """The suite's gate kind; an unknown kind or a table the kind does not read is bad input."""
+def kind_of(suite: Suite, name: str | None = None) -> GateKind:
+    """The suite's gate kind, or the kind ``name`` (a kind that works on another kind's suite, such
+    as a diagnosis of a parity gate; its ``prepare`` checks the suite); an unknown kind or a table
+    the kind does not read is bad input."""
     try:
-        kind = KINDS.get(suite.kind)
+        kind = KINDS.get(name or suite.kind)
     except UnknownName as e:
         raise SuiteError(f"{suite.path}: field 'kind': {e}") from None
     stray = sorted(set(suite.extra) - set(kind.tables))
@@ -63,7 +65,7 @@ def kind_of(suite: Suite) -> GateKind:
         tables = ", ".join(f"[{t}]" for t in stray)
         owners = sorted(k.name for k in (KINDS.get(n) for n in KINDS) if set(stray) & set(k.tables))
         hint = f" (read by kind {', '.join(repr(o) for o in owners)})" if owners else ""
-        raise SuiteError(f"{suite.path}: table {tables} is not read by kind {suite.kind!r}{hint}")
+        raise SuiteError(f"{suite.path}: table {tables} is not read by kind {kind.name!r}{hint}")
     return kind
 
 
@@ -122,11 +124,14 @@ def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
     if j.distribution is not None:
         extra["distribution"] = {**j.distribution.to_json(),
                                  "figures": {k: f"{rid}.{k}.png" for k in FIGURES}}
+    if j.picture_names:
+        extra["figures"] = {k: f"{rid}.{k}.png" for k in j.picture_names}
+    suite = dict(j.suite) if j.suite is not None else {
+        "name": req.suite.name, "version": req.suite.version, "digest": req.suite.digest}
     return Record(
         id=rid, kind=kind.name, created=created,
         model={"name": req.model.name, "digest": req.model.digest, **model_facts(req.model.path)},
-        suite={"name": req.suite.name, "version": req.suite.version, "digest": req.suite.digest,
-               "kind": kind.name},
+        suite={**suite, "kind": kind.name},
         oracle=oracle, candidate=j.candidate, harness={"sha": sha, "dirty": git_dirty(ws.root)},
         outcome=outcome, summary=summary, verdicts=j.verdicts, gates=j.gates, timings=timings,
         controls=controls, platform=platform_facts(), device=host, extra=extra)
@@ -137,6 +142,8 @@ def write_with_figures(ws: Workspace, record: Record, j: Judgement) -> Path:
     path = write_record(ws.records, record)
     if j.distribution is not None:
         j.distribution.write_figures(record_path(ws.records, record).parent, record.id, j.figure_title)
+    if j.pictures is not None:
+        j.pictures(record_path(ws.records, record).parent, record.id)
     return path
 
 
@@ -145,7 +152,7 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | N
              concurrency: int | None = None, speed: bool | Speed | str = False,
              auto_record: bool = True, transform: Transform | None = None,
              runner: Runner | None = None, write: bool = True,
-             options: Mapping[str, Any] | None = None) -> GateResult:
+             options: Mapping[str, Any] | None = None, kind: str | None = None) -> GateResult:
     """Run one gate of the suite's kind and write its record.
 
     ``candidate``: the engine spec under test (None: the kind's default, ``hf`` for parity suites).
@@ -154,21 +161,23 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | N
     pinned oracle on the same workload after the candidate has stopped (True), reuse a
     :class:`Speed` measured earlier in the same run, or say why not (a string).
     ``transform`` rewrites the candidate's outputs (an A/B's: B's scores) before judging — planted
-    mutations in tests; ``runner`` replaces the one the spec would make.
+    mutations in tests; ``runner`` replaces the one the spec would make. ``kind``: a kind other than
+    the suite's that works on it (``localize``: where a parity gate's candidate parts from the
+    oracle, ``options["source"]`` being that gate's record).
     """
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
-    kind = kind_of(suite)
-    candidate = candidate or kind.default_candidate
-    if connector and "kv" not in kind.tables:
+    gate_kind = kind_of(suite, kind)
+    candidate = candidate or gate_kind.default_candidate
+    if connector and "kv" not in gate_kind.tables:
         raise SuiteError(f"{suite.path}: a KV connector ({connector}) needs a KV suite (kind "
                          f"'kv_roundtrip', e.g. suite kv_roundtrip); {suite.name} is {suite.kind!r}")
     req = GateRequest(model, suite, candidate, reference, connector, concurrency, speed, auto_record,
                       transform, runner, dict(options or {}))
-    prepared = kind.prepare(ws, req)
-    ran = kind.run(ws, req, prepared)
-    j = kind.judge(ws, req, prepared, ran)
-    record = build_record(ws, req, kind, j)
+    prepared = gate_kind.prepare(ws, req)
+    ran = gate_kind.run(ws, req, prepared)
+    j = gate_kind.judge(ws, req, prepared, ran)
+    record = build_record(ws, req, gate_kind, j)
     return GateResult(record, write_with_figures(ws, record, j) if write else Path(), j)
 
 

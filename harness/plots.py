@@ -90,3 +90,44 @@ def kld_histogram(values: Mapping[str, np.ndarray], path: Path, title: str) -> P
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+NMSE_FLOOR = 1e-18
+"""NMSE values below this (two engines agreeing bit for bit give 0) are drawn at this value."""
+
+
+def nmse_profile(curves: Mapping[str, tuple[Sequence[str], Sequence[float]]], path: Path, title: str,
+                 bars: Mapping[str, float], marks: Mapping[str, str | None] | None = None) -> Path:
+    """NMSE of each tapped tensor in model order (log scale), one line per case; horizontal lines at
+    ``bars`` (label -> value, e.g. the bar and the floor), a ring where each case parts (``marks``:
+    case -> tensor name)."""
+    plt = _pyplot()
+    names: list[str] = []
+    for ns, _ in curves.values():
+        names += [n for n in ns if n not in names]
+    fig, ax = plt.subplots(figsize=(max(7.0, min(18.0, 0.28 * len(names) + 3)), 4.8), dpi=110)
+    x_of = {n: i for i, n in enumerate(names)}
+    for i, (label, (ns, vs)) in enumerate(curves.items()):
+        xs = [x_of[n] for n in ns]
+        ys = np.maximum(np.asarray(vs, np.float64), NMSE_FLOOR)
+        ax.plot(xs, ys, marker=".", color=f"C{i}", linewidth=1.4, label=label)
+        at = (marks or {}).get(label)
+        if at in x_of and at in ns:
+            ax.plot([x_of[at]], [ys[list(ns).index(at)]], marker="o", markersize=11, fillstyle="none",
+                    color=f"C{i}")
+    for j, (label, v) in enumerate(bars.items()):
+        ax.axhline(v, color="grey", linestyle="--" if j == 0 else ":", linewidth=0.9)
+        ax.annotate(f"{label} {v:g}", (0, v), fontsize=7, color="grey", va="bottom")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=90, fontsize=7 if len(names) < 40 else 5)
+    ax.set_ylabel(f"NMSE vs oracle (floor {NMSE_FLOOR:g})")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    if curves:
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -36,7 +36,7 @@ import re
 import subprocess
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +305,15 @@ def invariance_reasons(rec: Record, cur: Current) -> list[str]:
     return why
 
 
+def diagnosis_reasons(rec: Record, cur: Current) -> list[str]:
+    """A localize record: the rules of the parity gate it diagnosed (that suite's version, its
+    goldens, the pin, the model), read from the record's ``suite.diagnoses``."""
+    diagnosed = rec.suite.get("diagnoses")
+    if not isinstance(diagnosed, Mapping) or not diagnosed.get("name"):
+        return ["the record names no diagnosed suite (suite.diagnoses)"]
+    return oracle_reasons(replace(rec, suite=dict(diagnosed)), cur)
+
+
 Rule = Callable[[Record, Current], list[str]]
 
 KIND_RULES: Mapping[str, Rule] = {
@@ -312,6 +321,7 @@ KIND_RULES: Mapping[str, Rule] = {
     "kv_roundtrip": oracle_reasons,
     "ab": reference_reasons,
     "invariance": invariance_reasons,
+    "localize": diagnosis_reasons,
 }
 """Record kind -> its own staleness rule (after the candidate and harness rules every record has)."""
 

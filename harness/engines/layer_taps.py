@@ -33,6 +33,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+TAPS_VERSION = 1
+"""Bumped whenever what a tap reads changes: cached oracle tensors are keyed by it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Family:

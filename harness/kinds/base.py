@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from harness.api import EngineInfo, Output, Runner, Verdict
@@ -74,6 +75,13 @@ class Judgement:
     distribution: Distribution | None = None
     """KL table and drift profile: the builder writes its pictures beside the record."""
     figure_title: str = ""
+    pictures: Callable[[Path, str], object] | None = None
+    """The kind's own pictures: (the record's folder, its id) -> writes ``<id>.<name>.png`` for each
+    of :attr:`picture_names` (besides the distribution's)."""
+    picture_names: tuple[str, ...] = ()
+    suite: Mapping[str, Any] | None = None
+    """The record's ``suite`` entry when the kind files its record under a name of its own (a
+    diagnosis names the suite it diagnoses inside it); None: the request's suite."""
 
 
 class GateKind(Protocol):

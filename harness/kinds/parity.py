@@ -123,7 +123,9 @@ def oracle_speed(ws: Workspace, req: GateRequest, golden: Golden) -> Speed | str
 class Parity:
     name = "parity"
     default_candidate = "hf"
-    tables: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ("localize",)
+    """``[localize]``: the diagnosis of this suite's failures (``nmse_bar``, ``nmse_floor``, ``auto``;
+    :mod:`harness.kinds.localize`)."""
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         t0 = time.perf_counter()

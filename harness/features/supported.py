@@ -40,8 +40,8 @@ def current_runs(judge: Judge) -> list[ModelRun]:
     groups: dict[tuple[str, ...], list[Loaded]] = {}
     for lr in newest_first(judge.records):
         r = lr.record
-        if r.id in judge.sup:
-            continue
+        if r.id in judge.sup or r.kind == "localize" or r.candidate.settings.get("weights"):
+            continue  # superseded; a diagnosis; or a gate of another checkpoint than the named model
         key = (str(r.model.get("name")), str(r.suite.get("name")), r.candidate.name, r.candidate.version)
         groups.setdefault(key, []).append(lr)
     runs = []

@@ -144,13 +144,13 @@ class Localize:
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Ran:
         ws.runs.mkdir(parents=True, exist_ok=True)
-        if not prepared.targets:
-            return Ran(EngineInfo(req.candidate, split_spec(req.candidate)[0], "unknown"))
         runner = req.runner or make_runner(req.candidate, req.model, RunnerContext(run_dir=ws.runs))
         ability = runner.tensor_ability() if isinstance(runner, TensorSource) else None
-        if ability is None or not ability.layers:
+        if ability is None or not ability.layers:  # said before anything starts, diverged or not
             why = ability.reason("layers") if ability else f"{type(runner).__name__} declares no TensorSource"
             return Ran(_info(runner, req.candidate), failure=("refused", f"{req.candidate}: {why}", ""))
+        if not prepared.targets:
+            return Ran(_info(runner, req.candidate), ability.note)
         seqs = {t.case.id: t.sequence for t in prepared.targets}
         t0 = time.perf_counter()
         try:

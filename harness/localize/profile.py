@@ -33,7 +33,7 @@ DEFAULT_FLOOR = 1e-8
 
 
 def sci(x: float | None) -> str:
-    """``3.1e-2`` (the exponent without padding); ``—`` for None."""
+    """``3.1e-2``, ``2e-9`` (two significant digits at most, the exponent unpadded); ``—`` for None."""
     if x is None:
         return "—"
     if x == 0:
@@ -41,7 +41,7 @@ def sci(x: float | None) -> str:
     if not np.isfinite(x):
         return str(x)
     m, e = f"{x:.1e}".split("e")
-    return f"{m}e{int(e)}"
+    return f"{m.removesuffix('.0')}e{int(e)}"
 
 
 def pretty(name: str) -> str:

@@ -4,7 +4,8 @@ layer and sub-block where the change acts.
     harness plant --model tiny-llama --layer 1 --sub mlp --relative 1e-2 --out .cache/planted/l1-mlp
 
 copies every file of the model and adds Gaussian noise to one weight tensor, scaled so that
-``||noise|| / ||weight|| = relative`` (seeded: the same copy every time). The copy has the model's
+``||noise|| / ||weight|| = relative`` (seeded: the same copy every time; ``--relative 0`` makes an
+unperturbed copy, the control that must localize nothing). The copy has the model's
 config and tokenizer, so ``CANDIDATE=hf:weights=PATH`` (or ``vllm:weights=PATH``) gates it against
 the model's goldens, and the diagnosis must name ``layer.<k>.<sub>``. ``PLANTED.json`` beside the
 weights says what was planted (it is not part of the checkpoint's digest).
@@ -75,8 +76,8 @@ def plant(model: ModelRef, out: Path, *, weight: str | None = None, layer: int |
     src = Path(model.path)
     if out.exists():
         raise PlantError(f"--out {out}: exists (a planted copy is written once; remove it first)")
-    if not relative > 0:
-        raise PlantError(f"--relative {relative}: must be > 0")
+    if not relative >= 0:
+        raise PlantError(f"--relative {relative}: must be >= 0 (0: an unperturbed copy, the control)")
     cfg = json.loads((src / "config.json").read_text())
     if weight is None:
         if layer is None:
@@ -93,17 +94,16 @@ def plant(model: ModelRef, out: Path, *, weight: str | None = None, layer: int |
     tmp = Path(tempfile.mkdtemp(prefix=".planting-", dir=out.parent))
     try:
         for f in src.iterdir():
-            if f.is_file() and f != shard:
+            if f.is_file() and (f != shard or relative == 0):  # 0: the unperturbed copy, byte for byte
                 shutil.copy2(f, tmp / f.name)
-        with safe_open(str(shard), "pt") as fh:
-            meta = fh.metadata()
-            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - safe_open has no iterator
-        w = tensors[weight]
-        gen = torch.Generator().manual_seed(seed)
-        noise = torch.randn(w.shape, generator=gen, dtype=torch.float64)
-        scale = relative * w.double().norm() / noise.norm()
-        tensors[weight] = (w.double() + noise * scale).to(w.dtype)
-        save_file(tensors, str(tmp / shard.name), metadata=meta)
+        if relative > 0:
+            with safe_open(str(shard), "pt") as fh:
+                meta = fh.metadata()
+                tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 - no iterator
+            w = tensors[weight]
+            noise = torch.randn(w.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+            tensors[weight] = (w.double() + noise * (relative * w.double().norm() / noise.norm())).to(w.dtype)
+            save_file(tensors, str(tmp / shard.name), metadata=meta)
         planted = Planted(out, weight, relative, seed, content_digest(tmp), model.digest)
         (tmp / "PLANTED.json").write_text(json.dumps({"model": model.name, **planted.to_json()}, indent=1,
                                                      sort_keys=True) + "\n")

@@ -81,6 +81,9 @@ def test_planting_refuses_what_it_cannot_do(ws: Workspace, tmp_path: Path) -> No
     plant(model, tmp_path / "d", layer=0)
     with pytest.raises(PlantError, match="exists"):
         plant(model, tmp_path / "d", layer=0)
+    with pytest.raises(PlantError, match="must be >= 0"):
+        plant(model, tmp_path / "e", layer=0, relative=-1)
+    assert plant(model, tmp_path / "f", layer=0, relative=0).digest == model.digest  # the control copy
 
 
 def _copy(ws: Workspace, tmp_path: Path) -> Path:

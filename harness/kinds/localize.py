@@ -183,7 +183,8 @@ class Localize:
                 o = ran.oracle.tensors[t.case.id]
                 c = order_by(list(o), ran.candidate.get(t.case.id, {}))
                 try:
-                    p = profile(t.case.id, o, c, len(t.sequence), t.row, prepared.bar, prepared.floor)
+                    p = profile(t.case.id, o, c, len(t.sequence), t.row, prepared.bar, prepared.floor,
+                                t.divergence is not None)
                 except ValueError as e:
                     verdicts.append(Verdict(t.case.id, KEY, "error", f"error: {e}",
                                             evidence={"reason": str(e)}))
@@ -260,8 +261,7 @@ def summary(profiles: Sequence[Profile], verdicts: Sequence[Verdict], wall: floa
         return f"localize: {bad[0].status}: {bad[0].summary}"
     where: dict[str, list[str]] = {}
     for p in profiles:
-        where.setdefault(p.parts_at.name if p.parts_at else "nowhere (the forward pass agrees)", []).append(
-            p.case_id)
+        where.setdefault(p.parts_at.name if p.parts_at else "nowhere", []).append(p.case_id)
     parts = "; ".join(f"parts at {name} in {len(ids)}/{len(profiles)} ({', '.join(ids[:4])}"
                       f"{' ...' if len(ids) > 4 else ''})" for name, ids in where.items())
     ratio = f", {wall / gate:.1f}x the gate's wall time" if gate > 0 else ""

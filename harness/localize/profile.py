@@ -80,6 +80,8 @@ class Profile:
     """Tensors the oracle has and the candidate did not give (never judged)."""
     top1: Mapping[str, int] | None = None
     """At the divergence row, each side's most likely next token under teacher forcing."""
+    diverged: bool = True
+    """False: a case profiled over its whole sequence although its generation did not diverge."""
 
     @property
     def parts_at(self) -> Step | None:
@@ -100,9 +102,11 @@ class Profile:
         if part is None:
             worst = max(self.steps, key=lambda s: s.nmse, default=None)
             where = f"largest NMSE {sci(worst.nmse)} at {pretty(worst.name)}, " if worst else ""
-            return (f"{self.case_id}: no sub-block parts ({where}floor {sci(self.floor)}): the "
-                    "teacher-forced forward pass agrees; the divergence comes from elsewhere (decoding, "
-                    "batching, sampling)")
+            head = f"{self.case_id}: no sub-block parts ({where}floor {sci(self.floor)})"
+            if not self.diverged:
+                return head + ": the case did not diverge either"
+            return (head + ": the teacher-forced forward pass agrees; the divergence comes from elsewhere "
+                    "(decoding, batching, sampling)")
         under = "" if part.nmse > self.bar else f", under the {sci(self.bar)} bar"
         before = (f"everything before ≤ {sci(self.before(part))}" if part is not self.steps[0]
                   else "the first tapped sub-block")
@@ -114,13 +118,14 @@ class Profile:
                 "floor": self.floor, "parts_at": part.name if part else None,
                 "parts_nmse": json_number(part.nmse) if part else None,
                 "before_max": json_number(self.before(part)) if part else None,
-                "over_bar": over.name if over else None, "line": self.line(),
+                "over_bar": over.name if over else None, "line": self.line(), "diverged": self.diverged,
                 "steps": [s.to_json() for s in self.steps], "missing": list(self.missing),
                 **({"top1": dict(self.top1)} if self.top1 is not None else {})}
 
 
 def profile(case_id: str, oracle: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
-            positions: int, row: int, bar: float = DEFAULT_BAR, floor: float = DEFAULT_FLOOR) -> Profile:
+            positions: int, row: int, bar: float = DEFAULT_BAR, floor: float = DEFAULT_FLOOR,
+            diverged: bool = True) -> Profile:
     """The profile over the first ``positions`` rows of each tensor, in the oracle's (model) order.
 
     Raises ``ValueError`` when a tensor holds fewer rows or another width than the oracle's."""
@@ -143,7 +148,7 @@ def profile(case_id: str, oracle: Mapping[str, np.ndarray], candidate: Mapping[s
     if "logits" in oracle and "logits" in candidate:
         top1 = {"oracle": int(np.argmax(oracle["logits"][row])),
                 "candidate": int(np.argmax(candidate["logits"][row]))}
-    return Profile(case_id, tuple(steps), positions, row, bar, floor, tuple(missing), top1)
+    return Profile(case_id, tuple(steps), positions, row, bar, floor, tuple(missing), top1, diverged)
 
 
 def settings(table: Mapping[str, Any] | None, where: str) -> tuple[float, float]:

@@ -150,6 +150,7 @@ def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(wo
     loc = localize(workspace, gate.record, str(gate.path), cases="all").record
     assert len(loc.verdicts) == 8 and all(v.evidence["parts_at"] is None for v in loc.verdicts)
     assert all(v.evidence["divergence"] is None for v in loc.verdicts)
+    assert all(v.summary.endswith("the case did not diverge either") for v in loc.verdicts)
 
 
 def test_an_engine_without_tensors_is_refused_with_its_reason(workspace: Workspace) -> None:

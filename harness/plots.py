@@ -58,9 +58,14 @@ def kl_vs_position(curves: Mapping[str, np.ndarray], path: Path, title: str,
     ax.set_yscale("log")
     ax.set_xlabel("generated position")
     ax.set_ylabel(f"KL(reference || arm), nats  (floor {FLOOR:g})")
+    return _finish(plt, fig, ax, path, title, legend=bool(curves))
+
+
+def _finish(plt, fig, ax, path: Path, title: str, legend: bool) -> Path:  # type: ignore[no-untyped-def]
+    """Title, grid and legend of a log-scale line plot, written to ``path``."""
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    if curves:
+    if legend:
         ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,12 +127,4 @@ def nmse_profile(curves: Mapping[str, tuple[Sequence[str], Sequence[float]]], pa
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names, rotation=90, fontsize=7 if len(names) < 40 else 5)
     ax.set_ylabel(f"NMSE vs oracle (floor {NMSE_FLOOR:g})")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="major", alpha=0.3)
-    if curves:
-        ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, title, legend=bool(curves))

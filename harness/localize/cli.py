@@ -48,7 +48,7 @@ def report(res: GateResult, ws: Workspace, con: Console, detail: bool = False) -
     if not rec.verdicts:
         con.print(rec.summary, highlight=False)
     shown = res.path.relative_to(ws.root) if res.path.is_relative_to(ws.root) else res.path
-    bad = [c for c in rec.controls if not c.ok]
+    bad = [c for c in rec.controls if not c.ok] if rec.outcome == "pass" else []
     con.print(f"[dim]{rec.outcome}: {shown}" + (f" (+ {shown.with_suffix('').name}.profile.png)"
                                                 if rec.extra.get("figures") else "")
               + (f"; {len(bad)} control(s) not answered as planted" if bad else "") + "[/dim]")

@@ -21,6 +21,7 @@ from typing import Any
 
 from harness.engines.venvs import VenvError, check_version
 from harness.engines.vllm_release import VLLMReleaseRunner
+from harness.excerpt import clip
 from harness.models import resolve_model
 from harness.oracle import load_or_record, measure_speed
 from harness.pin import oracle_pin
@@ -93,7 +94,7 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
         try:
             oracle = measure_speed(model, golden.cases, golden.sampling, concurrency, ws.runs)
         except Exception as e:  # noqa: BLE001 - speed never blocks the correctness matrix
-            oracle = f"oracle speed run failed: {type(e).__name__}: {e}"[:300]
+            oracle = clip(f"oracle speed run failed: {type(e).__name__}: {e}")
     rows = []
     for v in order:
         progress(f"vllm@{v}: {'using the oracle venv' if v == pin else 'venv + gate'}")

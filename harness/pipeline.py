@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Runner
-from harness.controls import UNGUARDED, guard
 from harness.device import UNKNOWN, recorded_class
 from harness.device_policy import DevicePolicy, policy
 from harness.distribution import FIGURES
@@ -27,8 +26,10 @@ from harness.models.arch import model_facts
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
 from harness.records import (
     RECORDED_ORACLE,
+    UNGUARDED,
     Control,
     Record,
+    guard,
     new_record_id,
     outcome_of,
     record_path,

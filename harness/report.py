@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.controls import vacuates
+from harness.excerpt import INLINE, first_line
 from harness.records import RECORDED_ORACLE, Record
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "red", "refused": "yellow", "skip": "dim",
@@ -107,7 +106,7 @@ def invariance_table(rec: Record) -> Table | None:
         first = v.get("first_difference") or {}
         reason = str(v.get("reason", "")).splitlines()
         where = (f"{first.get('case')}: token {first.get('token')}, logprob {first.get('logprob')}"
-                 if first else (reason[0][:80] if reason else "—"))
+                 if first else (first_line(reason[0], INLINE) if reason else "—"))
         ev = ", ".join(f"{k} {x}" for k, x in (v.get("evidence") or {}).items()
                        if isinstance(x, int | float | str) and k not in ("connector", "how"))
         inverse = v.get("inverse") or {}
@@ -152,7 +151,7 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
             ct.add_column(col)
         for c in shown:
             ct.add_row(c.comparator, c.mutation, c.expect, c.got,
-                       Text("ok" if c.ok else "VACUOUS" if vacuates(c) else "positive control failed",
+                       Text("ok" if c.ok else "VACUOUS" if c.vacuates else "positive control failed",
                             style="green" if c.ok else "bold magenta"))
         if shown:
             con.print(ct)
@@ -178,9 +177,3 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
     con.print(f"[dim]harness {str(rec.harness.get('sha'))[:10]}{'+dirty' if rec.harness.get('dirty') else ''}"
               f" · {against} · model {rec.model['digest'][:12]}"
               + (f" · record {path}" if path else "") + "[/dim]")
-
-
-def print_lines(lines: Sequence[str], console: Console | None = None) -> None:
-    con = console or Console()
-    for line in lines:
-        con.print(line)

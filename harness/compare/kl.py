@@ -29,6 +29,20 @@ from harness.compare.aligned import (
     renormalise,
 )
 from harness.compare.explain import RERECORD_HINT, engine_error
+from harness.compare.planting import (
+    OVER_BAR,
+    covers_vocab,
+    log_softmax,
+    lower_top1,
+    plant_identity,
+    reference_kl,
+    reference_kl_top1,
+    top_rows,
+    with_full,
+    with_logprobs,
+)
+from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
+from harness.excerpt import first_line
 
 
 def json_number(x: Any) -> Any:
@@ -40,6 +54,8 @@ RUN = "(run)"
 """The case id of a verdict about a whole run (all positions of all cases pooled)."""
 
 ModeWish = Literal["auto", "full", "topk"]
+MODES: tuple[ModeWish, ...] = ("auto", "full", "topk")
+MODE_HELP = "capture mode: exact full-vocab, top-k+rest lower bound, or auto"
 REST_FLOOR = 1e-30
 
 
@@ -202,13 +218,12 @@ class KL:
 
     key = "kl"
     needs_scores = True
-    max_mean: float = 1e-3
-    """Bar on the mean KLD (nats)."""
-    max_p99: float | None = None
-    max_max: float | None = None
-    min_same_top: float | None = None
-    """Bar on the share of positions whose top token agrees (0..1)."""
-    mode: ModeWish = "auto"
+    max_mean: float = param(1e-3, "number", "bar on the mean KLD (nats)")
+    max_p99: float | None = param(None, "number", "bar on the p99 KLD")
+    max_max: float | None = param(None, "number", "bar on the largest KLD")
+    min_same_top: float | None = param(None, "number", "bar on the share of positions whose top token "
+                                                       "agrees (0..1)")
+    mode: ModeWish = param("auto", "choice", MODE_HELP, MODES)
     decode: Callable[[Sequence[int]], str] | None = None
 
     def measure(self, oracle: Output, candidate: Output, case: Case) -> tuple[Aligned, KLRows] | Verdict:
@@ -218,7 +233,7 @@ class KL:
             a = align(oracle, candidate, case.id)
             return a, kl_rows(a, self.mode)
         except AlignError as e:
-            return Verdict(case.id, self.key, "error", str(e).splitlines()[0][:160], detail=str(e),
+            return Verdict(case.id, self.key, "error", first_line(str(e)), detail=str(e),
                            evidence={"reason": str(e)})
 
     def breaches(self, s: KLStats) -> list[str]:
@@ -299,3 +314,56 @@ class KL:
 
     def _tok(self, tid: int) -> str:
         return f"{tid} {self.decode([tid])!r}" if self.decode else str(tid)
+
+
+def _plant_full_kl(comp: Any, oracle: Output) -> Planted | str:
+    full = oracle.full_logprobs
+    assert full is not None
+    n = min(len(oracle.token_ids), len(full))
+    if n == 0:
+        return "the golden generation is empty"
+    bar = float(comp.max_mean)
+    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+        kl = float(reference_kl_top1(full, n, np.full(n, d)).mean())
+        if kl >= OVER_BAR * bar:
+            return Planted(oracle, with_full(oracle, lower_top1(full, n, np.full(n, d))),
+                           f"top-1 lowered by {d:g} nats in the full rows: reference mean KL {kl:.3g} >= "
+                           f"{OVER_BAR:g}x bar {bar:g}")
+    return f"no shift of the top-1 reaches {OVER_BAR:g}x the KL bar (the top token carries no mass?)"
+
+
+def plant_kl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """Lower the top-1 logprob at every position by d nats (renormalised when full-vocab)."""
+    if oracle.full_logprobs is not None:
+        return _plant_full_kl(comp, oracle)
+    r = top_rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    if not oracle.token_ids or not len(r[1]):
+        return "the golden generation is empty"
+    ids, lp = r
+    n = min(len(oracle.token_ids), len(lp))
+    lp = lp[:n]
+    bar = float(comp.max_mean)
+    full = covers_vocab(lp)
+    top = lp.argmax(axis=1)
+    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
+        c = lp.copy()
+        c[np.arange(n), top] -= d
+        if full:
+            c = log_softmax(c)
+        kl = float(reference_kl(lp, c).mean())
+        if kl >= OVER_BAR * bar:
+            full_c = np.array(oracle.top_logprobs, np.float64, copy=True)
+            full_c[:n] = c
+            return Planted(oracle, with_logprobs(oracle, full_c),
+                           f"top-1 lowered by {d:g} nats: reference mean KL {kl:.3g} >= "
+                           f"{OVER_BAR:g}x bar {bar:g}")
+    return f"no shift of the top-1 reaches {OVER_BAR:g}x the KL bar (the top token carries no mass?)"
+
+
+UNIT = Unit(KL, "KL(oracle || candidate) per position, teacher-forced", needs=LOGPROBS, across_devices="bar",
+            controls=ControlSet(needs=Needs(logprobs=True, min_k=2), mutations=(
+                Mutation("perturb above bar", "fail", plant_kl_shift),
+                Mutation("unperturbed copy", "pass", plant_identity),
+            )))

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import engine_error, explain_divergence, unmapped
+from harness.compare.planting import plant_decisive_flip, plant_truncate
+from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -38,3 +40,9 @@ class Strict:
             detail=explain_divergence(self.key, oracle, candidate, case, pos, self.decode),
             evidence={"matched": pos, "tokens": n, "first_divergence": pos},
         )
+
+
+UNIT = Unit(Strict, "token for token identical", needs=TOKENS, across_devices="bits", controls=ControlSet((
+    Mutation("flip decisive token", "fail", plant_decisive_flip),
+    Mutation("drop last token", "fail", plant_truncate),
+)))

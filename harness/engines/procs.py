@@ -124,11 +124,6 @@ def untrack(proc: subprocess.Popen[bytes]) -> None:
         _LIVE.pop(proc.pid, None)
 
 
-def live_pids() -> list[int]:
-    with _LOCK:
-        return sorted(_LIVE)
-
-
 @atexit.register
 def _stop_all() -> None:
     with _LOCK:

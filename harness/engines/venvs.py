@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.excerpt import clip
 from harness.files import locked
 from harness.provenance import now_utc
 
@@ -366,7 +367,7 @@ def _install_llamacpp(folder: Path, version: str, log: Path) -> dict[str, Any]:
         raise VenvError(f"{folder.name}: `import llama_cpp` does not report {version} ({got[-1:]!r})")
     return {"pip_install_s": round(built_s, 1), "cmake_args": cmake_args,
             "build_parallel": env["CMAKE_BUILD_PARALLEL_LEVEL"], "compiler": _compiler(),
-            "system_info": " ".join(got[start + 1:])[:500]}
+            "system_info": clip(" ".join(got[start + 1:]))}
 
 
 def _compiler() -> str:

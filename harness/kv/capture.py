@@ -29,14 +29,11 @@ import numpy as np
 import torch
 
 from harness.kv.digest import as_page_bytes, page_digests
+from harness.kv.evidence import CaptureError
 from harness.kv.pages import PageRef
 from harness.kv.plan import PagePlan
 
 Side = Literal["written", "restored"]
-
-
-class CaptureError(ValueError):
-    """A capture folder that cannot be read; the message names the file and line."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,10 @@ that stopping it stops whatever it forked too (vLLM's engine-core and worker pro
 process registered with :func:`track` is also stopped at interpreter exit (``atexit``), and it gets
 SIGTERM from the kernel if the harness itself is killed (``PR_SET_PDEATHSIG``, Linux). A harness
 that receives SIGTERM exits through ``finally`` and ``atexit``, stopping them first.
+
+:func:`spawn` is the one way an engine process is started (all of the above at once);
+:func:`run_engine` runs one to completion under a timeout with its output in a log file, and stops
+its whole group however the wait ends.
 """
 
 from __future__ import annotations
@@ -17,10 +21,60 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _LOCK = threading.Lock()
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def engine_env(repo_on_path: bool = False) -> dict[str, str]:
+    """The environment an engine process gets: this one, unbuffered output, no tokenizer threads;
+    ``repo_on_path`` puts this repository first on ``PYTHONPATH`` (a ``-m harness...`` child under
+    another virtualenv's interpreter)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if repo_on_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def spawn(argv: Sequence[str], stdout: IO[Any] | int | None, stderr: IO[Any] | int | None = subprocess.STDOUT,
+          stdin: IO[Any] | int | None = subprocess.DEVNULL, env: Mapping[str, str] | None = None,
+          cwd: Path | str | None = None) -> subprocess.Popen[bytes]:
+    """Start an engine process: the leader of its own process group (stopping the group stops what
+    it forks), SIGTERMed by the kernel if the harness dies, and stopped at interpreter exit."""
+    proc = subprocess.Popen(list(argv), stdout=stdout, stderr=stderr, stdin=stdin,
+                            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                            preexec_fn=parent_death_signal())
+    track(proc)
+    return proc
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """How an engine process run by :func:`run_engine` ended."""
+
+    returncode: int
+    """Its exit code; -9 when it was stopped for running past the timeout."""
+    timed_out: bool
+
+
+def run_engine(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None,
+               cwd: Path | None = None) -> Exited:
+    """Run one engine process to completion (:func:`spawn`), stdout and stderr into ``log``; after
+    ``timeout_s`` it is stopped. Its whole group (vLLM's engine-core and worker processes) is
+    stopped before this returns or raises, whatever happened."""
+    with log.open("w") as fh:
+        proc = spawn(argv, stdout=fh, env=env if env is not None else engine_env(), cwd=cwd)
+        try:
+            return Exited(proc.wait(timeout=timeout_s), False)
+        except subprocess.TimeoutExpired:
+            return Exited(-9, True)
+        finally:
+            kill_group(proc)
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

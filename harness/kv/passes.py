@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Case, Sampling
-from harness.engines.procs import kill_group, track
+from harness.engines.procs import engine_env, run_engine
 from harness.kv.capture import Capture, CaptureError, read_capture
 from harness.models import ModelRef
 
@@ -55,21 +54,9 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     log = folder / f"{name}.engine.log"
     req.write_text(json.dumps({"model": model.path, "engine": dict(engine), "sampling": sampling.to_json(),
                                "passes": list(passes)}, indent=1))
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-    with log.open("w") as fh:
-        proc = subprocess.Popen([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
-                                start_new_session=True)
-        track(proc)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            rc, timed_out = -9, True
-        finally:
-            kill_group(proc)  # vLLM's engine-core and worker processes live in that group too
+    done = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
+                      timeout_s, engine_env(repo_on_path=True), cwd=folder)
+    rc, timed_out = done.returncode, done.timed_out
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
     head = lines[0] if lines else {}
     capture = None

@@ -28,6 +28,7 @@ import pytest
 
 from harness.controls import vacuates
 from harness.records import Record
+from harness.signals import interrupt_on_sigterm
 from harness.workspace import Workspace
 
 
@@ -87,6 +88,7 @@ def _workspace(config: pytest.Config) -> Workspace:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    interrupt_on_sigterm()  # SIGTERM stops the whole run, not just the current test
     name = config.getoption("--harness-matrix")
     if not name:
         return

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from harness.records import Record
+from harness.signals import interrupt_on_sigterm
 from harness.workspace import Workspace
 
 
@@ -86,6 +87,7 @@ def _workspace(config: pytest.Config) -> Workspace:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    interrupt_on_sigterm()  # SIGTERM stops the whole run, not just the current test
     name = config.getoption("--harness-matrix")
     if not name:
         return

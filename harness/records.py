@@ -202,17 +202,25 @@ def record_path(records_root: Path, rec: Record) -> Path:
 def write_record(records_root: Path, rec: Record) -> Path:
     """Write ``rec`` atomically and never over an existing record. Returns its path."""
     path = record_path(records_root, rec)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(rec.to_json(), f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
         os.link(tmp, path)  # FileExistsError rather than replacing: records are append-only
+    except FileExistsError:
+        raise
+    except OSError as e:  # a full or read-only disk: say so; nothing half-written is left
+        raise RecordError(f"{path}: the record could not be written: {e.strerror or e}. Nothing was "
+                          f"written in its place and the earlier records are untouched; free space "
+                          f"and run the gate again") from None
     finally:
-        os.unlink(tmp)
+        if tmp is not None:
+            os.unlink(tmp)
     return path
 
 

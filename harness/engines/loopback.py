@@ -9,7 +9,6 @@ A port taken between probing and binding is retried on another.
 from __future__ import annotations
 
 import http.client
-import os
 import socket
 import subprocess
 import tempfile
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 from harness.api import EngineFailed
-from harness.engines.procs import group_alive, kill_group, parent_death_signal, track
+from harness.engines.procs import engine_env, group_alive, kill_group, spawn
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -48,7 +47,7 @@ class LoopbackServer:
         raise NotImplementedError
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return engine_env()
 
     @property
     def base_url(self) -> str:
@@ -79,10 +78,7 @@ class LoopbackServer:
             self.log_path = Path(tempfile.mkstemp(prefix="server-", suffix=".log")[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=parent_death_signal(), env=self.env())
-        track(self.proc)
+            self.proc = spawn(self.command(), stdout=log, env=self.env())
         self._t0 = time.perf_counter()
 
     def _wait_healthy(self) -> None:

@@ -67,7 +67,7 @@ class KVRoundTrip:
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         # torch + vLLM come in with the KV modules: only when a KV gate runs
         from harness.kv.config import load_connector_class, parse_connector
-        from harness.kv.roundtrip import KVSettings
+        from harness.kv.settings import KVSettings
 
         KVSettings.from_suite(req.suite)  # a malformed [kv] table is bad input, before any engine starts
         release = release_of(req.candidate)

@@ -10,11 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from harness.kv.capture import CaptureError
 from harness.kv.pages import PageRef
-
-
-class CaptureError(ValueError):
-    """A capture folder that cannot be read; the message names the file and line."""
 
 
 class Page(Protocol):

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.explain import engine_error, explain_divergence, format_topk
+from harness.compare.explain import explain_divergence, format_topk
 from harness.compare.planting import decisive, plant_decisive_flip, plant_identity, top_rows
-from harness.compare.strict import first_divergence
+from harness.compare.strict import divergence
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, Planted, Unit
 from harness.excerpt import INLINE, tail
 
@@ -64,10 +64,9 @@ class BitExact:
     decode: Callable[[Sequence[int]], str] | None = None
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
-        if (err := engine_error(self.key, oracle, candidate, case)) is not None:
-            return err
+        if isinstance(pos := divergence(self.key, oracle, candidate, case), Verdict):
+            return pos
         n = len(oracle.token_ids)
-        pos = first_divergence(oracle.token_ids, candidate.token_ids)
         upto = n if pos is None else pos
         lp = logprob_differences(oracle, candidate, upto)
         ev: dict[str, Any] = {"matched": upto, "tokens": n, "first_divergence": pos,

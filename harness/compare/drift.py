@@ -18,18 +18,7 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.kl import KL, MODE_HELP, MODES, RUN, KLRows, ModeWish, json_number
-from harness.compare.planting import (
-    OVER_BAR,
-    covers_vocab,
-    log_softmax,
-    lower_top1,
-    plant_identity,
-    reference_kl,
-    reference_kl_top1,
-    top_rows,
-    with_full,
-    with_logprobs,
-)
+from harness.compare.planting import lower_top1_until, plant_identity, top_rows
 from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
 
 DEFAULT_EDGES = (0, 64, 256, 1024, 4096, 16384)
@@ -194,49 +183,20 @@ class Drift:
                        evidence=ev)
 
 
-def _plant_full_ramp(comp: Any, oracle: Output, n: int) -> Planted | str:
-    full = oracle.full_logprobs
-    assert full is not None
-    bar = float(comp.max_slope_per_1k)
-    ramp = np.arange(n) / (n - 1)
-    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
-        slope = float(np.polyfit(np.arange(n), reference_kl_top1(full, n, d * ramp), 1)[0]) * 1000
-        if slope >= OVER_BAR * max(bar, 0.0):
-            return Planted(oracle, with_full(oracle, lower_top1(full, n, d * ramp)),
-                           f"top-1 lowered by a 0..{d:g} nats ramp in the full rows: reference slope "
-                           f"{slope:.3g} nats/1k >= {OVER_BAR:g}x bar {bar:g}")
-    return f"no ramp reaches {OVER_BAR:g}x the slope bar"
-
-
 def plant_drift_ramp(comp: Any, case: Case, oracle: Output) -> Planted | str:
     """Lower the top-1 logprob by a ramp, 0 at the first position to d at the last: KL grows."""
     r = top_rows(oracle)
     if r is None:
         return "the golden has no logprobs"
-    ids, lp = r
-    n = min(len(oracle.token_ids), len(lp))
+    n = min(len(oracle.token_ids), len(r[1]))
     if n < int(comp.min_positions):
         return f"{n} positions, fewer than the {comp.min_positions} drift needs"
-    if oracle.full_logprobs is not None:
-        return _plant_full_ramp(comp, oracle, n)
-    lp = lp[:n]
-    bar = float(comp.max_slope_per_1k)
-    full = covers_vocab(lp)
-    top = lp.argmax(axis=1)
-    ramp = np.arange(n) / (n - 1)
-    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
-        c = lp.copy()
-        c[np.arange(n), top] -= d * ramp
-        if full:
-            c = log_softmax(c)
-        slope = float(np.polyfit(np.arange(n), reference_kl(lp, c), 1)[0]) * 1000
-        if slope >= OVER_BAR * max(bar, 0.0):
-            full_c = np.array(oracle.top_logprobs, np.float64, copy=True)
-            full_c[:n] = c
-            return Planted(oracle, with_logprobs(oracle, full_c),
-                           f"top-1 lowered by a 0..{d:g} nats ramp: reference slope {slope:.3g} nats/1k "
-                           f">= {OVER_BAR:g}x bar {bar:g}")
-    return f"no ramp reaches {OVER_BAR:g}x the slope bar"
+
+    def slope(kl: np.ndarray) -> float:
+        return float(np.polyfit(np.arange(n), kl, 1)[0]) * 1000
+
+    return lower_top1_until(oracle, np.arange(n) / (n - 1), slope, max(float(comp.max_slope_per_1k), 0.0),
+                            "slope (nats/1k)")
 
 
 UNIT = Unit(Drift, "growth of KL with position (slope per 1000 tokens)", needs=LOGPROBS, across_devices="bar",

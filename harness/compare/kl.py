@@ -29,18 +29,7 @@ from harness.compare.aligned import (
     renormalise,
 )
 from harness.compare.explain import RERECORD_HINT, engine_error
-from harness.compare.planting import (
-    OVER_BAR,
-    covers_vocab,
-    log_softmax,
-    lower_top1,
-    plant_identity,
-    reference_kl,
-    reference_kl_top1,
-    top_rows,
-    with_full,
-    with_logprobs,
-)
+from harness.compare.planting import lower_top1_until, plant_identity, top_rows
 from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
 from harness.excerpt import first_line
 
@@ -316,50 +305,15 @@ class KL:
         return f"{tid} {self.decode([tid])!r}" if self.decode else str(tid)
 
 
-def _plant_full_kl(comp: Any, oracle: Output) -> Planted | str:
-    full = oracle.full_logprobs
-    assert full is not None
-    n = min(len(oracle.token_ids), len(full))
-    if n == 0:
-        return "the golden generation is empty"
-    bar = float(comp.max_mean)
-    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
-        kl = float(reference_kl_top1(full, n, np.full(n, d)).mean())
-        if kl >= OVER_BAR * bar:
-            return Planted(oracle, with_full(oracle, lower_top1(full, n, np.full(n, d))),
-                           f"top-1 lowered by {d:g} nats in the full rows: reference mean KL {kl:.3g} >= "
-                           f"{OVER_BAR:g}x bar {bar:g}")
-    return f"no shift of the top-1 reaches {OVER_BAR:g}x the KL bar (the top token carries no mass?)"
-
-
 def plant_kl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:
-    """Lower the top-1 logprob at every position by d nats (renormalised when full-vocab)."""
-    if oracle.full_logprobs is not None:
-        return _plant_full_kl(comp, oracle)
+    """Lower the top-1 logprob at every position by d nats (renormalised when the rows are whole)."""
     r = top_rows(oracle)
     if r is None:
         return "the golden has no logprobs"
-    if not oracle.token_ids or not len(r[1]):
+    n = min(len(oracle.token_ids), len(r[1]))
+    if n == 0:
         return "the golden generation is empty"
-    ids, lp = r
-    n = min(len(oracle.token_ids), len(lp))
-    lp = lp[:n]
-    bar = float(comp.max_mean)
-    full = covers_vocab(lp)
-    top = lp.argmax(axis=1)
-    for d in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0):
-        c = lp.copy()
-        c[np.arange(n), top] -= d
-        if full:
-            c = log_softmax(c)
-        kl = float(reference_kl(lp, c).mean())
-        if kl >= OVER_BAR * bar:
-            full_c = np.array(oracle.top_logprobs, np.float64, copy=True)
-            full_c[:n] = c
-            return Planted(oracle, with_logprobs(oracle, full_c),
-                           f"top-1 lowered by {d:g} nats: reference mean KL {kl:.3g} >= "
-                           f"{OVER_BAR:g}x bar {bar:g}")
-    return f"no shift of the top-1 reaches {OVER_BAR:g}x the KL bar (the top token carries no mass?)"
+    return lower_top1_until(oracle, np.ones(n), lambda kl: float(kl.mean()), float(comp.max_mean), "mean KL")
 
 
 UNIT = Unit(KL, "KL(oracle || candidate) per position, teacher-forced", needs=LOGPROBS, across_devices="bar",

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.explain import engine_error, explain_divergence, unmapped
+from harness.compare.explain import explain_divergence, unmapped
 from harness.compare.planting import decisive, outside, own_logprobs, swap, top_rows
-from harness.compare.strict import first_divergence
+from harness.compare.strict import divergence
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, Planted, Unit, param
 
 
@@ -29,10 +29,9 @@ class NearTie:
     decode: Callable[[Sequence[int]], str] | None = None
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
-        if (err := engine_error(self.key, oracle, candidate, case)) is not None:
-            return err
+        if isinstance(pos := divergence(self.key, oracle, candidate, case), Verdict):
+            return pos
         n = len(oracle.token_ids)
-        pos = first_divergence(oracle.token_ids, candidate.token_ids)
         if pos is None:
             return Verdict(case.id, self.key, "pass", f"exact: {n}/{n} tokens",
                            evidence={"kind": "exact", "matched": n, "tokens": n})

@@ -7,6 +7,7 @@ figures written out independently of the comparators' own kernels — lives here
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -153,3 +154,39 @@ def lower_top1(full: np.ndarray, n: int, d: np.ndarray) -> np.ndarray:
 def reference_kl_top1(full: np.ndarray, n: int, d: np.ndarray) -> np.ndarray:
     _, p1 = top1(full, n)
     return p1 * d + np.log1p(-p1 * -np.expm1(-d))
+
+
+SHIFTS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+"""Nats by which the planted top-1 is lowered, smallest first, until the figure clears the bar."""
+
+
+def lower_top1_until(oracle: Output, profile: np.ndarray, figure: Callable[[np.ndarray], float],
+                     bar: float, label: str) -> Planted | str:
+    """A copy of ``oracle`` with the top-1 logprob of position t lowered by ``d * profile[t]``, for
+    the smallest ``d`` in :data:`SHIFTS` whose ``figure`` of the per-position reference KL reaches
+    :data:`OVER_BAR` times ``bar``; whole rows (full-vocab, or top-k rows holding all the mass) are
+    renormalised. ``label`` names the figure in the note."""
+    n = len(profile)
+    full = oracle.full_logprobs
+    if full is None:
+        lp = top_rows(oracle)[1][:n]  # type: ignore[index]
+        top, whole = lp.argmax(axis=1), covers_vocab(lp)
+    for d in SHIFTS:
+        if full is not None:
+            value = figure(reference_kl_top1(full, n, d * profile))
+        else:
+            c = lp.copy()
+            c[np.arange(n), top] -= d * profile
+            c = log_softmax(c) if whole else c
+            value = figure(reference_kl(lp, c))
+        if value >= OVER_BAR * bar:
+            if full is not None:
+                planted = with_full(oracle, lower_top1(full, n, d * profile))
+            else:
+                rows = np.array(oracle.top_logprobs, np.float64, copy=True)
+                rows[:n] = c
+                planted = with_logprobs(oracle, rows)
+            where = " in the full rows" if full is not None else ""
+            return Planted(oracle, planted, f"top-1 lowered by {d:g} x {profile.max():g} nats{where}: "
+                                            f"reference {label} {value:.3g} >= {OVER_BAR:g}x bar {bar:g}")
+    return f"no shift of the top-1 reaches {OVER_BAR:g}x the {label} bar (the top token carries no mass?)"

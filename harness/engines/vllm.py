@@ -25,6 +25,7 @@ from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.models import ModelRef
 from harness.speed import Speed
+from harness.steps import step
 from harness.teacher import scored_output
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -151,7 +152,8 @@ class VLLMRunner:
             **({"speed_levels": list(self._levels)} if self._levels else {}),
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        with self.log_path.open("w") as log:
+        with step(f"vLLM {self.name} ({self.model.name}, {len(cases)} cases): engine start + run"), \
+                self.log_path.open("w") as log:
             proc = subprocess.Popen([self.python, str(WORKER), str(req), str(res)], stdout=log,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     preexec_fn=parent_death_signal())

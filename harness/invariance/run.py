@@ -26,6 +26,7 @@ from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, Ten
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.invariance.plan import Group, Pass, Plan
 from harness.models import ModelRef
+from harness.steps import step
 from harness.teacher import scored_output
 
 Status = Literal["ok", "refused", "error", "not run"]
@@ -128,7 +129,7 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
     timed_out = None
-    with log.open("w") as fh:
+    with step(f"vLLM engine {g.key} ({model.name}): {', '.join(g.serves)}"), log.open("w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
                                 start_new_session=True, preexec_fn=parent_death_signal())

@@ -52,6 +52,7 @@ from harness.kv.pages import PageRef, expected_hit_tokens, prefix_keys
 from harness.kv.plan import first_block_in_window
 from harness.models import ModelRef
 from harness.records import Control
+from harness.steps import step
 from harness.suites import Suite, SuiteError
 
 PHASE_TIMEOUT_S = float(os.environ.get("HARNESS_KV_TIMEOUT_S", "900"))
@@ -161,7 +162,7 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-    with log.open("w") as fh:
+    with step(f"KV {name} engine ({model.name})"), log.open("w") as fh:
         proc = subprocess.Popen([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
                                 start_new_session=True)

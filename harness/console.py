@@ -2,7 +2,8 @@
 
 In a terminal, rich measures the terminal. Anywhere else -- a CI log, a pipe, a file -- there is no
 terminal to measure, and rich's fallback of 80 columns cut column heads ("bit_exac") and verdicts
-mid-word. There the width is ``$COLUMNS`` when set, else :data:`LOG_WIDTH`.
+mid-word. There tables are laid out to ``$COLUMNS`` when set, else :data:`LOG_WIDTH`, and plain
+lines are never broken (a log keeps an error, a record path or a verdict on one line, for grep).
 Every console of the harness comes from :func:`make_console`; ``stdout``/``stderr`` are the two the
 command line prints through.
 """
@@ -43,6 +44,7 @@ def make_console(*, stderr: bool = False, environ: Mapping[str, str] = os.enviro
     stream = kwargs.get("file") or (sys.stderr if stderr else sys.stdout)
     if "width" not in kwargs and not _isatty(stream):
         kwargs["width"] = log_width(environ)
+        kwargs.setdefault("soft_wrap", True)
     return Console(stderr=stderr, **kwargs)
 
 

@@ -30,11 +30,9 @@ def verdict_table(rec: Record) -> Table:
     comps = list(dict.fromkeys(v.comparator for v in rec.verdicts))
     t = Table(title=f"{rec.model['name']} / {rec.suite['name']} v{rec.suite['version']}  —  "
                     f"candidate {rec.candidate.name} ({rec.candidate.engine} {rec.candidate.version})")
-    t.add_column("case", min_width=max(len(v.case_id) for v in rec.verdicts) if rec.verdicts else 4)
+    t.add_column("case")
     for c in comps:
-        head = c + ("" if c in rec.gates else " (info)")
-        # never narrower than its head, nor than "<comparator>:" that begins its verdicts
-        t.add_column(head, min_width=len(c) + 1 if head == c else len(head), overflow="fold")
+        t.add_column(c + ("" if c in rec.gates else " (info)"), overflow="fold")
     cases = list(dict.fromkeys(v.case_id for v in rec.verdicts))
     by = {(v.case_id, v.comparator): v for v in rec.verdicts}
     for cid in cases:
@@ -97,9 +95,8 @@ def invariance_table(rec: Record) -> Table | None:
     t = Table(title=f"{rec.model['name']} / {rec.suite['name']} v{rec.suite['version']}  —  "
                     f"{rec.candidate.name} ({rec.candidate.engine} {rec.candidate.version}), "
                     f"{inv.get('engine_starts')} engine starts")
-    widest = max(map(len, [*(inv.get("variants") or {}), "variant"]))
     for col in ("variant", "reached", "bit-exact", "near-tie", "first difference", "evidence", "inverse"):
-        t.add_column(col, overflow="fold", min_width=widest if col == "variant" else len(col))
+        t.add_column(col, overflow="fold")
     styles = {"bit_exact": "green", "near_tie": "yellow", "refused": "yellow", "not evidence": "dim"}
     for name, v in (inv.get("variants") or {}).items():
         res = str(v.get("result", ""))
@@ -141,7 +138,7 @@ def controls_table(rec: Record) -> tuple[str, Table | None]:
         return note, None
     ct = Table(title="vacuous-gate guard (planted mutations)")
     for col in ("comparator", "mutation", "expect", "got", "ok"):
-        ct.add_column(col, min_width=len(col), overflow="fold")
+        ct.add_column(col, overflow="fold")
     for c in shown:
         ct.add_row(c.comparator, c.mutation, c.expect, c.got,
                    Text("ok" if c.ok else "VACUOUS" if vacuates(c) else "positive control failed",
@@ -216,8 +213,7 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
                  details: bool = True) -> None:
     con = console or stdout
     for s in sections(rec, path, details):
-        # lines are never broken by the harness (a log keeps a record path on one line, for grep)
-        con.print(s.body, highlight=False, soft_wrap=s.kind != "table")
+        con.print(s.body, highlight=False)
 
 
 def print_lines(lines: Sequence[str], console: Console | None = None) -> None:

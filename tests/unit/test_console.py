@@ -25,9 +25,9 @@ from harness.steps import step
 from harness.workspace import REPO_ROOT
 
 # Comparator names as long as the ones a CI log cut ("bit_exac", "prefix_c"), and verdicts whose
-# words must not be split.
+# words must not be split (a verdict summary starts with its comparator, as the real ones do).
 COMPARATORS = ("strict", "near_tie", "bit_exact", "byte_equal", "kv_hits", "prefix_cache", "greedy")
-VERDICT = "pass {c}: 32/32 tokens equal, chosen logprobs within the cross-device bound of 0.0001 nats"
+VERDICT = "{c} pass: 32/32 tokens equal, chosen logprobs within the cross-device bound of 0.0001 nats"
 
 
 class Tty(io.StringIO):

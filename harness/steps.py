@@ -89,7 +89,9 @@ def step(label: str, console: Any = None) -> Iterator[Step]:
                           redirect_stdout=sys.stdout.isatty(), redirect_stderr=True)
                 _live[id(con)] = (lv, board)
                 lv.start()
-            _live[id(con)][1].active.append(s)
+            lv, board = _live[id(con)]
+            board.active.append(s)
+            lv.refresh()  # show the new step now, not at the next tick
     error: BaseException | None = None
     try:
         yield s

@@ -37,6 +37,7 @@ from harness.records import (
 )
 from harness.registry import UnknownName
 from harness.speed import Speed
+from harness.steps import step
 from harness.suites import Suite, SuiteError, find_suite
 from harness.workspace import Workspace
 
@@ -167,7 +168,8 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | N
     req = GateRequest(model, suite, candidate, reference, connector, concurrency, speed, auto_record,
                       transform, runner, dict(options or {}))
     prepared = kind.prepare(ws, req)
-    ran = kind.run(ws, req, prepared)
+    with step(f"{kind.name} run: {candidate} on {model.name}/{suite.name}"):
+        ran = kind.run(ws, req, prepared)
     j = kind.judge(ws, req, prepared, ran)
     record = build_record(ws, req, kind, j)
     return GateResult(record, write_with_figures(ws, record, j) if write else Path(), j)

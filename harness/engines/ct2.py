@@ -6,6 +6,11 @@ candidate does). Conversion: ``TransformersConverter(folder).convert(quantizatio
 per model digest. Generation: greedy ``generate_batch`` with every option that could change a
 greedy decode set to its neutral value, the whole vocabulary's logits at every position, the end
 token kept; teacher forcing with ``forward_batch``. See ``workers/ct2_worker.py``.
+
+The worker runs with ``OMP_WAIT_POLICY=PASSIVE``: CTranslate2's OpenMP threads spin while they wait
+for each other by default, and on a machine whose cores other jobs share, 2 intra-op threads took
+2.5 s for 64 tiny-llama tokens that 1 thread made in 0.04 s (passive: 0.025 s). Time only; the
+numbers are the same.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ SPEC = EngineSpec(
     options={"threads": "intra-op threads (default: every core)"},
     greedy_request={"beam_size": 1, "sampling_topk": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
                     "min_length": 0, "return_end_token": True, "compute_type": "float32"},
+    env={"OMP_WAIT_POLICY": "PASSIVE"},
 )
 
 

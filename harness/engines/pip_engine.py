@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
@@ -52,8 +52,9 @@ class EngineSpec:
     venv: PipEngine
     worker: str
     """The worker file in ``harness/engines/workers/``."""
-    conversion: str
-    """One line: which converter makes the engine's format from the model's folder."""
+    conversion: str | None
+    """One line: which converter makes the engine's format from the model's folder (None: the
+    engine loads the model's folder as it is)."""
     options: Mapping[str, str] = field(default_factory=dict)
     """Option name -> what it does (passed to the worker)."""
     convert_options: tuple[str, ...] = ()
@@ -66,6 +67,15 @@ class EngineSpec:
     """The generation settings the worker sets (for the record's ``request``)."""
     left_to_engine: Mapping[str, Any] = field(default_factory=dict)
     """Settings the worker leaves to the engine's defaults -> that default."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment of the worker process (thread pools: no effect on the numbers, only on time)."""
+    prompts: Literal["ids", "text"] = "ids"
+    """``text``: the engine takes text only; the worker sends the ids' text and reports the ids the
+    engine made of it (``served_prompt_ids``), judged by the tokenizer verdict."""
+    tokenized_by: str = ""
+    """With text prompts: how the worker reads the engine's tokenization."""
+    top_logprobs: str = ""
+    """Why the engine returns no top-k logprobs (empty: it does)."""
 
 
 class PipEngineRunner:
@@ -94,12 +104,15 @@ class PipEngineRunner:
         self.log_path: Path | None = None
         self.k_served: int | None = None
         self.k_asked: int | None = None
+        self.served: dict[str, tuple[int, ...]] = {}
+        self.asked: list[str] = []
 
     def info(self) -> EngineInfo:
-        settings: dict[str, Any] = {"options": dict(self.options), "prompts": "ids",
-                                    "weights": "float32, converted from the model's safetensors",
-                                    "request": dict(self.spec.greedy_request)}
-        env: dict[str, Any] = {"conversion_step": self.spec.conversion}
+        weights = ("float32, converted from the model's safetensors" if self.spec.conversion
+                   else "the model's safetensors, loaded as they are")
+        settings: dict[str, Any] = {"options": dict(self.options), "prompts": self.spec.prompts,
+                                    "weights": weights, "request": dict(self.spec.greedy_request)}
+        env: dict[str, Any] = {"conversion_step": self.spec.conversion, "worker_env": dict(self.spec.env)}
         if self.converted is not None:
             env["converted"] = self.converted.to_json()
         if self.venv is not None:
@@ -122,6 +135,8 @@ class PipEngineRunner:
             raise EngineFailed(f"{self.name}: cannot install {self.spec.venv.package}=="
                                f"{self.spec.venv.version}: {e}") from None
         self.timings["venv_ready_s"] = time.perf_counter() - t0
+        if self.spec.conversion is None:
+            return
         t0 = time.perf_counter()
         conv_opts = {k: v for k, v in self.options.items() if k in self.spec.convert_options}
         self.converted = ensure_converted(Workspace.default().model_cache, self.spec.venv.folder_name,
@@ -134,18 +149,19 @@ class PipEngineRunner:
 
     def _work(self, cases: Sequence[Case], sampling: Sampling, score: dict[str, Any] | None
               ) -> tuple[list[Output], list[Output]]:
-        assert self.venv is not None and self.converted is not None, "start() first"
+        assert self.venv is not None, "start() first"
+        folder = self.converted.path if self.converted is not None else Path(self.model.path)
         work = Path(tempfile.mkdtemp(prefix=f"{self.spec.key}-", dir=self.run_dir))
         req, res = work / "request.json", work / "result.jsonl"
         self.log_path = work / "engine.log"
         req.write_text(json.dumps({
-            "model": str(self.converted.path), "source": self.model.path, "options": self.options,
+            "model": str(folder), "source": self.model.path, "options": self.options,
             "sampling": sampling.to_json(),
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
             **({"full": {"dir": str(work / "full")}} if sampling.full_vocab and self.spec.full_vocab else {}),
         }))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.spec.env}
         cmd = [str(self.venv.python), str(WORKERS / self.spec.worker), "run", str(req), str(res)]
         with self.log_path.open("w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -181,6 +197,8 @@ class PipEngineRunner:
         outs = []
         for c in cases:
             d = got.get(c.id)
+            if d is not None and d.get("served_prompt_ids") is not None:
+                self.served[c.id] = tuple(int(t) for t in d["served_prompt_ids"])
             if d is None or d.get("error"):
                 why = d.get("error") if d else None
                 outs.append(Output(c.id, (), error=f"{self.spec.title}: {why or 'no result for this case'}"))
@@ -194,6 +212,7 @@ class PipEngineRunner:
                 self.k_served = int(o.top_ids.shape[1])
             outs.append(o)
         self.k_asked = sampling.logprobs
+        self.asked = [c.id for c in cases]
         scores = []
         for d in lines:
             if d.get("kind") != "score":
@@ -217,9 +236,16 @@ class PipEngineRunner:
 
     def facts(self) -> RunFacts:
         notes = tuple(self.meta.get("notes", ()))
-        caps = Capabilities(prompts="ids", logprobs_served=self.k_served, logprobs_asked=self.k_asked,
+        text = self.spec.prompts == "text"
+        missing = {"top_logprobs": self.spec.top_logprobs} if self.spec.top_logprobs else {}
+        lost = {c: "the engine returned no tokenization" for c in self.asked if c not in self.served}
+        caps = Capabilities(prompts=self.spec.prompts, logprobs_served=self.k_served,
+                            logprobs_asked=self.k_asked, top_logprobs=not missing, reasons=missing,
                             notes=notes, request=dict(self.spec.greedy_request),
-                            left_to_server=dict(self.spec.left_to_engine))
+                            left_to_server=dict(self.spec.left_to_engine),
+                            tokenized_by=self.spec.tokenized_by if text else None,
+                            served_prompt_ids=dict(self.served) if text else {},
+                            tokenize_errors=lost if text else {})
         return RunFacts(timings=dict(self.timings), capabilities=caps,
                         device=device_block("cpu") if self.meta else {})
 

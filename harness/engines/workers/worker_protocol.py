@@ -53,6 +53,10 @@ class Generated:
     top: tuple[list[list[int]], list[list[float]], list[float]] | None = None
     """(top ids, top logprobs, chosen logprobs) when the engine gives top-k rows itself."""
     notes: list[str] = field(default_factory=list)
+    served_prompt_ids: list[int] | None = None
+    """Engines fed text: the ids the engine made of the prompt text (the tokenizer verdict)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Other per-case facts for the case line (e.g. the engine's own prompt token count)."""
 
 
 class Engine:
@@ -135,6 +139,9 @@ def case_fields(g: Generated, k: int, full: FullFiles | None, name: str) -> dict
     out: dict[str, Any] = {"token_ids": [int(t) for t in g.token_ids], "text": g.text,
                            "finish_reason": g.finish_reason, "top_ids": None, "top_logprobs": None,
                            "chosen_logprobs": None}
+    if g.served_prompt_ids is not None:
+        out["served_prompt_ids"] = [int(t) for t in g.served_prompt_ids]
+    out.update(g.extra)
     if g.logits is not None:
         lp = log_softmax(g.logits)
         if lp.shape[0] != len(g.token_ids):

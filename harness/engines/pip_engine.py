@@ -106,6 +106,7 @@ class PipEngineRunner:
         self.k_asked: int | None = None
         self.served: dict[str, tuple[int, ...]] = {}
         self.asked: list[str] = []
+        self.tokenize_errors: dict[str, str] = {}
 
     def info(self) -> EngineInfo:
         weights = ("float32, converted from the model's safetensors" if self.spec.conversion
@@ -199,6 +200,8 @@ class PipEngineRunner:
             d = got.get(c.id)
             if d is not None and d.get("served_prompt_ids") is not None:
                 self.served[c.id] = tuple(int(t) for t in d["served_prompt_ids"])
+            if d is not None and d.get("tokenize_error"):
+                self.tokenize_errors[c.id] = str(d["tokenize_error"])
             if d is None or d.get("error"):
                 why = d.get("error") if d else None
                 outs.append(Output(c.id, (), error=f"{self.spec.title}: {why or 'no result for this case'}"))
@@ -238,7 +241,8 @@ class PipEngineRunner:
         notes = tuple(self.meta.get("notes", ()))
         text = self.spec.prompts == "text"
         missing = {"top_logprobs": self.spec.top_logprobs} if self.spec.top_logprobs else {}
-        lost = {c: "the engine returned no tokenization" for c in self.asked if c not in self.served}
+        lost = {c: self.tokenize_errors.get(c, "the engine returned no tokenization")
+                for c in self.asked if c not in self.served}
         caps = Capabilities(prompts=self.spec.prompts, logprobs_served=self.k_served,
                             logprobs_asked=self.k_asked, top_logprobs=not missing, reasons=missing,
                             notes=notes, request=dict(self.spec.greedy_request),

@@ -31,6 +31,8 @@ from harness.engines.venvs import (
     _ensure,
     _installed,
     _run,
+    read_venv,
+    remove_venv,
     share_files,
     venvs_root,
 )
@@ -90,10 +92,22 @@ def resolved(requirements: tuple[str, ...]) -> list[str]:
 
 
 def ensure_pip_venv(repo_root: Path, engine: PipEngine, log: Path | None = None) -> VenvInfo:
-    """The engine's venv, installed first if missing (see module doc)."""
+    """The engine's venv, installed first if missing (see module doc). A venv whose stamp names
+    other requirements than the engine's now (the recipe changed) is rebuilt."""
     facts = (engine.package, *engine.facts)
-    return _ensure(pip_venv_dir(repo_root, engine), engine.version,
-                   lambda folder, version, lg: _install(folder, engine, lg), facts, log)
+    folder = pip_venv_dir(repo_root, engine)
+    ready = read_venv(folder)
+    if ready is not None and stale_recipe(ready, engine):
+        remove_venv(folder.parent, folder.name)
+    return _ensure(folder, engine.version, lambda where, version, lg: _install(where, engine, lg), facts,
+                   log)
+
+
+def stale_recipe(venv: VenvInfo, engine: PipEngine) -> bool:
+    """Whether ``venv`` was installed from other requirements than ``engine`` names now."""
+    wanted = [f"{engine.package}=={engine.version}", *resolved(engine.requirements)]
+    return (list(venv.build.get("requirements", [])) != wanted
+            or list(venv.build.get("no_deps", [])) != resolved(engine.no_deps))
 
 
 def _install(folder: Path, engine: PipEngine, log: Path) -> dict[str, Any]:

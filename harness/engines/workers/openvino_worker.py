@@ -40,12 +40,9 @@ GREEDY = {"do_sample": False, "num_beams": 1, "repetition_penalty": 1.0, "presen
 class OpenVINO(Engine):
     @staticmethod
     def convert(source: str, dest: str, options: dict[str, Any]) -> dict[str, Any]:
+        import importlib.metadata as md
         import subprocess
         import sys
-
-        import openvino
-        import optimum.intel.version
-        import transformers
 
         with open(os.path.join(source, "config.json")) as fh:
             arch = ", ".join(json.load(fh).get("architectures", []))
@@ -61,8 +58,8 @@ class OpenVINO(Engine):
             if "not supported" in last or "is not supported" in last or "Unrecognized" in last:
                 raise Refused(f"optimum-intel's OpenVINO export cannot export {arch}: {last.strip()}")
             raise RuntimeError(f"optimum-cli export openvino exited with {res.returncode}: {last.strip()}")
-        versions = (f"optimum-intel {optimum.intel.version.__version__}, openvino {openvino.__version__}, "
-                    f"transformers {transformers.__version__}")
+        versions = ", ".join(f"{n} {md.version(n)}" for n in ("optimum-intel", "optimum", "openvino",
+                                                                  "transformers", "torch"))
         return {"converter": f"optimum-cli export openvino ({versions})",
                 "command": "optimum-cli export openvino --model <model> --task text-generation-with-past "
                            f"--weight-format {weights} <dest>",
@@ -83,7 +80,7 @@ class OpenVINO(Engine):
         if precision not in ("f32", "default"):
             raise Refused(f"precision={precision!r}: f32 (the default) or default (the CPU plugin's own)")
         core = ov.Core()
-        defaults = {k: str(core.get_property("CPU", k)) for k in F32}
+        defaults = {k: _name(core.get_property("CPU", k)) for k in F32}
         self.notes.append("the CPU plugin's own defaults here: "
                           + ", ".join(f"{k} {v}" for k, v in defaults.items()))
         props = dict(F32) if precision == "f32" else {}
@@ -115,6 +112,12 @@ class OpenVINO(Engine):
         ids = [int(t) for t in res.tokens[0]]
         finish = "stop" if ids and ids[-1] in self.eos else "length"
         return Generated(ids, "", finish)
+
+
+def _name(value: Any) -> str:
+    """An OpenVINO element type as its name (``bf16``), anything else as text."""
+    get = getattr(value, "get_type_name", None)
+    return str(get()) if callable(get) else str(value)
 
 
 if __name__ == "__main__":

@@ -163,6 +163,7 @@ def _refusal(e: BaseException) -> dict[str, Any]:
 def run(engine_cls: type[Engine], request: str, result: str) -> int:
     with open(request) as fh:
         req = json.load(fh)
+    req["result"] = result
     sampling = req["sampling"]
     k = max(int(sampling.get("logprobs", 5)), 1)
     full = FullFiles(req["full"]["dir"]) if req.get("full") else None

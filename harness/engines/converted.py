@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -104,10 +105,17 @@ def _convert(python: Path, worker: Path, source: Path, dest: Path, options: Mapp
     if proc.returncode == 3 and "refused" in last:
         raise EngineRefused(f"{what}: {last['refused']}")
     if proc.returncode != 0 or not lines:
-        tail = log.read_text(errors="replace")[-4000:]
-        raise EngineFailed(f"{what}: converting {source.name} failed (exit {proc.returncode}; log: {log})",
-                           tail)
+        text = log.read_text(errors="replace")
+        raise EngineFailed(f"{what}: converting {source.name} failed (exit {proc.returncode}): "
+                           f"{last_error(text)}", text[-4000:] + f"\n(full log: {log})")
     return last
+
+
+def last_error(log: str) -> str:
+    """The converter's own last error line (``KeyError: 'rope_type'``), else its last line."""
+    lines = [x.strip() for x in log.splitlines() if x.strip()]
+    errors = [x for x in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", x)]
+    return (errors[-1] if errors else lines[-1] if lines else "no output")[:300]
 
 
 def _write_json(path: Path, obj: Mapping[str, Any]) -> None:

@@ -32,6 +32,10 @@ from worker_protocol import Engine, Generated, Refused, main
 F32 = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
 """The CPU plugin properties that make it compute in float32 (see module doc)."""
 
+REFUSALS = ("not supported", "Unrecognized", "does not allow for the export")
+"""Export errors that mean "this architecture (with these versions) is not exported", not a crash;
+e.g. optimum-intel's Gemma 3 export config caps transformers at 5.0."""
+
 GREEDY = {"do_sample": False, "num_beams": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
           "frequency_penalty": 0.0, "min_new_tokens": 0, "ignore_eos": False}
 """Every generation option that could change a greedy decode, set explicitly."""
@@ -55,7 +59,7 @@ class OpenVINO(Engine):
         if res.returncode != 0:
             lines = (res.stderr or res.stdout).strip().splitlines()
             last = next((x for x in reversed(lines) if "Error" in x), lines[-1] if lines else "")
-            if "not supported" in last or "is not supported" in last or "Unrecognized" in last:
+            if any(k in last for k in REFUSALS):
                 raise Refused(f"optimum-intel's OpenVINO export cannot export {arch}: {last.strip()}")
             raise RuntimeError(f"optimum-cli export openvino exited with {res.returncode}: {last.strip()}")
         versions = ", ".join(f"{n} {md.version(n)}" for n in ("optimum-intel", "optimum", "openvino",

@@ -44,6 +44,7 @@ class OrtGenAI(Engine):
         if res.returncode != 0:
             text = (res.stderr or res.stdout).strip().splitlines()
             last = next((x for x in reversed(text) if "Error" in x or "error" in x), text[-1] if text else "")
+            last = last.replace(source, os.path.basename(source.rstrip("/")))
             if "is not currently supported" in last or "NotImplementedError" in last:
                 raise Refused(f"the onnxruntime-genai {og.__version__} model builder: {last.strip()}")
             raise RuntimeError(f"the model builder exited with {res.returncode}: {last.strip()}")

@@ -105,10 +105,21 @@ def _convert(python: Path, worker: Path, source: Path, dest: Path, options: Mapp
     if proc.returncode == 3 and "refused" in last:
         raise EngineRefused(f"{what}: {last['refused']}")
     if proc.returncode != 0 or not lines:
-        text = log.read_text(errors="replace")
+        text = without_paths(log.read_text(errors="replace"), {
+            str(python.parent.parent.parent): ".venvs", str(worker.parent): "harness/engines/workers",
+            str(source): source.name, str(dest.parent): "converted"})
         raise EngineFailed(f"{what}: converting {source.name} failed (exit {proc.returncode}): "
-                           f"{last_error(text)}", text[-4000:] + f"\n(full log: {log})")
+                           f"{last_error(text)}", text[-4000:] + f"\n(the whole log: {log.name})")
     return last
+
+
+def without_paths(text: str, places: Mapping[str, str]) -> str:
+    """``text`` (a log, a traceback) with this machine's folders named by what they are, longest
+    first, so records say ``.venvs/onnxruntime-genai-0.18.0/...``, not where the venvs lie here."""
+    for place in sorted(places, key=len, reverse=True):
+        if place and place != "/":
+            text = text.replace(place, places[place])
+    return text
 
 
 def last_error(log: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
 from harness.device import device_block
-from harness.engines.converted import Converted, ensure_converted
+from harness.engines.converted import Converted, ensure_converted, without_paths
 from harness.engines.pip_venvs import PipEngine, ensure_pip_venv, pip_venv_dir
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.engines.venvs import STAMP, VenvError, VenvInfo
@@ -178,10 +178,11 @@ class PipEngineRunner:
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
         head = lines[0] if lines else {}
         if head.get("kind") == "refused":
-            raise EngineRefused(f"{self.name}: {head['reason']}")
+            raise EngineRefused(f"{self.name}: {self._here(head['reason'])}")
         if head.get("kind") != "meta" or lines[-1].get("kind") != "end":
             reason = head.get("reason") or f"the {self.spec.title} worker exited with {proc.returncode}"
-            raise EngineFailed(f"{self.name}: {reason}", head.get("traceback") or self._tail())
+            raise EngineFailed(f"{self.name}: {self._here(reason)}",
+                               self._here(head.get("traceback") or self._tail()))
         self.meta = head
         took = {k: float(v) for k, v in head["timings"].items()}
         if cases:
@@ -231,6 +232,17 @@ class PipEngineRunner:
             scores.append(scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"],
                                         d["chosen_logprobs"], full))
         return outs, scores
+
+    def _here(self, text: str) -> str:
+        """``text`` without this machine's folders (see :func:`without_paths`)."""
+        places = {str(WORKERS): "harness/engines/workers", self.model.path: self.model.name}
+        if self.venv is not None:
+            places[str(self.venv.path.parent)] = ".venvs"
+        if self.converted is not None:
+            places[str(self.converted.path.parent)] = "converted"
+        if self.run_dir is not None:
+            places[str(self.run_dir)] = "<run folder>"
+        return without_paths(text, places)
 
     def _tail(self, n: int = 4000) -> str:
         if self.log_path is None or not self.log_path.exists():

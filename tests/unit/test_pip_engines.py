@@ -197,6 +197,16 @@ def test_conversion_is_cached_by_digest_and_options_and_failures_leave_nothing(
         ensure_converted(tmp_path, "fake-1.0", py, worker, model, {"mode": "refuse"}, "fake")
     with pytest.raises(EngineFailed, match=r"converting tiny-llama failed \(exit 1\): KeyError: 'rope_type'") as e:
         ensure_converted(tmp_path, "fake-1.0", py, worker, model, {"mode": "crash"}, "fake")
-    assert "Traceback" in e.value.log_tail
+    assert "Traceback" in e.value.log_tail and str(tmp_path) not in e.value.log_tail
     left = sorted(p.name for p in (tmp_path / "converted" / "fake-1.0").iterdir() if p.is_dir())
     assert left == [first.path.name], "a refused or failed conversion leaves no folder behind"
+
+
+def test_records_name_folders_by_what_they_are_not_where_they_lie() -> None:
+    from harness.engines.converted import without_paths
+
+    text = ('File "/x/venvs/ortgenai-0.18.0/lib/builder.py", line 3\n'
+            'File "/x/venvs/ortgenai-0.18.0/lib/builder.py" in /x/models/tiny-gpt2')
+    got = without_paths(text, {"/x/venvs": ".venvs", "/x/models/tiny-gpt2": "tiny-gpt2", "/": "root"})
+    assert got == ('File ".venvs/ortgenai-0.18.0/lib/builder.py", line 3\n'
+                   'File ".venvs/ortgenai-0.18.0/lib/builder.py" in tiny-gpt2')

@@ -3,9 +3,16 @@
 ``.venvs/ctranslate2-<version>/`` holds ctranslate2 and, for its converter, the oracle's own torch,
 transformers, tokenizers and safetensors (so the converter reads the checkpoint as the ``hf``
 candidate does). Conversion: ``TransformersConverter(folder).convert(quantization="float32")``, once
-per model digest. Generation: greedy ``generate_batch`` with every option that could change a
-greedy decode set to its neutral value, the whole vocabulary's logits at every position, the end
-token kept; teacher forcing with ``forward_batch``. See ``workers/ct2_worker.py``.
+per model digest. Generation: greedy ``generate_batch`` (the prompt decoded step by step, its
+default) with every option that could change a greedy decode set to its neutral value, the whole
+vocabulary's logits at every position, the end token kept; teacher forcing by constrained decoding
+of prompt + continuation (``forward_batch`` crashes on Gemma 3 past its sliding window). See
+``workers/ct2_worker.py``.
+
+``ct2:prefill=once`` forwards the prompt in one pass instead (``include_prompt_in_result=False``,
+faster): on Gemma 3 with a prompt longer than the sliding window its logits are not the step-by-step
+decode's, which are vLLM's (tiny-gemma3 smoke c06, 84 tokens, window 64: top-1 ``um`` -1.99
+against vLLM's ``ness`` -2.02, which the step-by-step decode gives).
 
 The worker runs with ``OMP_WAIT_POLICY=PASSIVE``: CTranslate2's OpenMP threads spin while they wait
 for each other by default, and on a machine whose cores other jobs share, 2 intra-op threads took
@@ -31,8 +38,11 @@ SPEC = EngineSpec(
                    "import ctranslate2; print(ctranslate2.__version__)", ("torch", "transformers", "numpy")),
     worker="ct2_worker.py",
     conversion="ctranslate2.converters.TransformersConverter, quantization float32",
-    options={"threads": "intra-op threads (default: every core)"},
-    greedy_request={"beam_size": 1, "sampling_topk": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    options={"threads": "intra-op threads (default: every core)",
+             "prefill": "decode (default: the prompt decoded step by step, CTranslate2's default) or once "
+                        "(include_prompt_in_result=False: one pass, wrong past Gemma 3's sliding window)"},
+    greedy_request={"include_prompt_in_result": True, "beam_size": 1, "sampling_topk": 1,
+                    "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
                     "min_length": 0, "return_end_token": True, "compute_type": "float32"},
     env={"OMP_WAIT_POLICY": "PASSIVE"},
 )

@@ -31,7 +31,8 @@ SPEC = EngineSpec(
     prompts="text",
     tokenized_by="mistralrs Runner.tokenize_text(text, add_special_tokens=True)",
     greedy_request={"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                    "frequency_penalty": 0.0, "dtype": "f32", "messages": "the prompt text, pre-templated"},
+                    "frequency_penalty": 0.0, "dtype": "f32",
+                    "messages": "the prompt text as one message, rendered verbatim"},
 )
 
 

@@ -210,3 +210,16 @@ def test_records_name_folders_by_what_they_are_not_where_they_lie() -> None:
     got = without_paths(text, {"/x/venvs": ".venvs", "/x/models/tiny-gpt2": "tiny-gpt2", "/": "root"})
     assert got == ('File ".venvs/ortgenai-0.18.0/lib/builder.py", line 3\n'
                    'File ".venvs/ortgenai-0.18.0/lib/builder.py" in tiny-gpt2')
+
+
+def test_a_venv_built_from_another_recipe_is_stale(tmp_path: Path) -> None:
+    from harness.engines.pip_venvs import PipEngine, stale_recipe
+    from harness.engines.venvs import VenvInfo
+
+    engine = PipEngine("mistralrs", "0.9.5", (oracle("numpy"),), "print('0.9.5')")
+    built = VenvInfo("0.9.5", tmp_path, tmp_path / "bin/python", 1.0, 1, "", {},
+                     build={"requirements": ["mistralrs==0.9.5", *resolved((oracle("numpy"),))]})
+    assert not stale_recipe(built, engine)
+    before_numpy = VenvInfo("0.9.5", tmp_path, tmp_path / "bin/python", 1.0, 1, "", {},
+                            build={"requirements": ["mistralrs==0.9.5"]})
+    assert stale_recipe(before_numpy, engine), "a venv installed before numpy joined the recipe is rebuilt"

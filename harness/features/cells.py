@@ -112,6 +112,8 @@ def judge_record(rec: Record, prove: Sequence[str]) -> tuple[State, str]:
             gaps.append(gap)
     if skipped_all:
         first = next(v for v in rec.verdicts if v.comparator in prove)
+        if first.evidence.get("impossible"):  # the engine cannot return what the comparator needs
+            return "refused", f"impossible: {first.evidence['impossible']}"
         return "todo", f"not judged: {first.summary}"
     if passed_all:
         counts = ", ".join(f"{c} {sum(v.comparator == c for v in rec.verdicts)}/"

@@ -12,7 +12,8 @@ Every record is stale when one of these holds (each gives one line of why):
   code that is not in the history. Later commits on the same history do *not* make a record stale:
   that is the candidate SHA's job and re-running gates in CI.
 
-and then by the rules of its gate kind (:data:`KIND_RULES`):
+and then by the rule of its gate kind (each kind's ``stale``, :mod:`harness.kinds`; the building
+blocks are here):
 
 * kinds judged against **goldens** (``parity``, ``kv_roundtrip``): the record's goldens came from
   another oracle release than ``requirements/oracle.txt`` pins now ("goldens predate the pin"); the
@@ -36,7 +37,7 @@ import re
 import subprocess
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -305,29 +306,10 @@ def invariance_reasons(rec: Record, cur: Current) -> list[str]:
     return why
 
 
-def diagnosis_reasons(rec: Record, cur: Current) -> list[str]:
-    """A localize record: the rules of the parity gate it diagnosed (that suite's version, its
-    goldens, the pin, the model), read from the record's ``suite.diagnoses``."""
-    diagnosed = rec.suite.get("diagnoses")
-    if not isinstance(diagnosed, Mapping) or not diagnosed.get("name"):
-        return ["the record names no diagnosed suite (suite.diagnoses)"]
-    return oracle_reasons(replace(rec, suite=dict(diagnosed)), cur)
-
-
 Rule = Callable[[Record, Current], list[str]]
-
-KIND_RULES: Mapping[str, Rule] = {
-    "parity": oracle_reasons,
-    "kv_roundtrip": oracle_reasons,
-    "ab": reference_reasons,
-    "invariance": invariance_reasons,
-    "localize": diagnosis_reasons,
-}
-"""Record kind -> its own staleness rule (after the candidate and harness rules every record has)."""
+"""A gate kind's own staleness rule (:meth:`harness.kinds.base.GateKind.stale`)."""
 
 
-def staleness(rec: Record, cur: Current) -> list[str]:
-    """Why ``rec`` no longer describes the tree (empty: it still does)."""
-    rule = KIND_RULES.get(rec.kind)
-    kind = rule(rec, cur) if rule is not None else [f"record kind {rec.kind!r} has no staleness rule"]
-    return candidate_reasons(rec, cur) + harness_reasons(rec, cur) + kind
+def common_reasons(rec: Record, cur: Current) -> list[str]:
+    """The rules every record has, whatever its kind: the candidate SHA and the harness SHA."""
+    return candidate_reasons(rec, cur) + harness_reasons(rec, cur)

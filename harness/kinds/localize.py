@@ -20,18 +20,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, TensorSource, Verdict
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.goldens import Golden
-from harness.kinds.base import KINDS, GateRequest, Judgement
+from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.localize.oracle import OracleTensors, golden_sequence, oracle_tensors
 from harness.localize.profile import Profile, controls_of, order_by, profile, sci, settings
 from harness.oracle import load_or_record
 from harness.records import Control, Record
+from harness.staleness import Current, oracle_reasons
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -119,6 +120,15 @@ class Localize:
     name = KEY
     default_candidate = "hf"
     tables: tuple[str, ...] = ("localize",)
+
+    @staticmethod
+    def stale(rec: Record, cur: Current) -> list[str]:
+        """The rules of the parity gate it diagnosed (that suite's version, its goldens, the pin,
+        the model), read from the record's ``suite.diagnoses``."""
+        diagnosed = rec.suite.get("diagnoses")
+        if not isinstance(diagnosed, Mapping) or not diagnosed.get("name"):
+            return ["the record names no diagnosed suite (suite.diagnoses)"]
+        return oracle_reasons(replace(rec, suite=dict(diagnosed)), cur)
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         t0 = time.perf_counter()
@@ -277,5 +287,5 @@ def write_profile(folder: Path, rid: str, title: str, profiles: Sequence[Profile
     return nmse_profile(curves, folder / f"{rid}.profile.png", title, {"bar": bar, "floor": floor}, marks)
 
 
-KINDS.register(KEY, help="where a parity gate's candidate parts from the oracle: NMSE per layer and "
-                         "sub-block, teacher-forced")(Localize())
+register_kind(Localize(), help="where a parity gate's candidate parts from the oracle: NMSE per layer "
+                                "and sub-block, teacher-forced")

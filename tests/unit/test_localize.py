@@ -15,7 +15,7 @@ import pytest
 from harness.cli import main
 from harness.engines import make_runner
 from harness.goldens import golden_dir, read_golden
-from harness.kinds.localize import divergences, targets_of
+from harness.kinds.localize import Localize, divergences, targets_of
 from harness.localize.cli import localize
 from harness.localize.oracle import cache_path, golden_sequence, read_cached, write_cached
 from harness.localize.plant import plant
@@ -31,7 +31,7 @@ from harness.localize.profile import (
 from harness.models import resolve_model
 from harness.pipeline import run_gate
 from harness.records import iter_record_paths, load_record
-from harness.staleness import Current, diagnosis_reasons
+from harness.staleness import Current
 from harness.workspace import Workspace
 from tests.unit.features_kit import make_git_workspace
 
@@ -186,10 +186,10 @@ def test_a_localize_record_is_stale_by_the_rules_of_the_gate_it_diagnosed(tmp_pa
                  candidate=EngineInfo("hf", "transformers", "x"), harness={}, outcome="pass", summary="",
                  verdicts=(), gates=("localize",))
     cur = Current.of(ws)
-    assert diagnosis_reasons(rec, cur) == []
+    assert Localize.stale(rec, cur) == []
     old = replace(rec, suite={**rec.suite, "diagnoses": {"name": "smoke", "version": 0}})
-    assert diagnosis_reasons(old, cur) == ["suite smoke is v1, recorded at v0"]
-    assert "names no diagnosed suite" in diagnosis_reasons(replace(rec, suite={"name": "localize"}), cur)[0]
+    assert Localize.stale(old, cur) == ["suite smoke is v1, recorded at v0"]
+    assert "names no diagnosed suite" in Localize.stale(replace(rec, suite={"name": "localize"}), cur)[0]
 
 
 def test_the_oracle_cache_round_trips_and_is_keyed_by_the_sequence(workspace: Workspace) -> None:

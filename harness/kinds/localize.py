@@ -24,7 +24,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, TensorSource, Verdict
+from harness.api import (
+    Case,
+    EngineFailed,
+    EngineInfo,
+    EngineRefused,
+    TensorSource,
+    Verdict,
+    failure_verdicts,
+)
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.goldens import Golden
 from harness.kinds.base import GateRequest, Judgement, register_kind
@@ -185,9 +193,7 @@ class Localize:
         if ran.failure is not None:
             status, reason, tail = ran.failure
             ids = [t.case.id for t in targets] or [c.id for c in prepared.golden.cases]
-            verdicts = [Verdict(cid, KEY, status, f"{status}: {reason.splitlines()[0][:160]}",  # type: ignore[arg-type]
-                                detail=reason + (f"\n--- engine log tail ---\n{tail}" if tail else ""),
-                                evidence={"reason": reason}) for cid in ids]
+            verdicts = failure_verdicts([KEY], ids, status, reason, tail)  # type: ignore[arg-type]
         elif ran.oracle is not None:
             for t in targets:
                 o = ran.oracle.tensors[t.case.id]
@@ -268,7 +274,7 @@ def summary(profiles: Sequence[Profile], verdicts: Sequence[Verdict], wall: floa
         return "localize: no case diverged: nothing to localize"
     bad = [v for v in verdicts if v.status != "pass"]
     if bad:
-        return f"localize: {bad[0].status}: {bad[0].summary}"
+        return f"localize: {bad[0].summary}"
     where: dict[str, list[str]] = {}
     for p in profiles:
         where.setdefault(p.parts_at.name if p.parts_at else "nowhere", []).append(p.case_id)

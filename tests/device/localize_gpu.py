@@ -7,8 +7,9 @@ Two steps, on two machines:
     #    five tiny models into .cache/oracle-tensors/ (five engine starts; skipped where cached)
     .venv/bin/python tests/device/localize_gpu.py --prepare
 
-    # 2. on the GPU machine (no vLLM), with .cache/oracle-tensors carried along:
-    python3 tests/device/localize_gpu.py OUT_DIR
+    # 2. on the GPU machine (no vLLM), with .cache/oracle-tensors carried along; some models only
+    #    (those whose oracle tensors were carried), or all five:
+    python3 tests/device/localize_gpu.py OUT_DIR [MODEL ...]
 
 Step 2 captures ``hf:device=cuda`` and ``hf:device=cuda,dtype=bfloat16`` on the same sequences
 (every smoke case's prompt and golden tokens), writes the NMSE of every tensor against the
@@ -34,6 +35,7 @@ import numpy as np  # noqa: E402
 
 from harness.compare.nmse import nmse_rows  # noqa: E402
 from harness.engines import make_runner  # noqa: E402
+from harness.excerpt import LOG, NOTE, clip, tail  # noqa: E402
 from harness.goldens import golden_dir, read_golden  # noqa: E402
 from harness.kinds.localize import divergences  # noqa: E402
 from harness.localize.cli import localize  # noqa: E402
@@ -118,7 +120,7 @@ def plot(profiles: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(out: Path) -> int:
+def main(out: Path, models: tuple[str, ...] = MODELS) -> int:
     import torch
 
     ws = Workspace.default()
@@ -126,13 +128,13 @@ def main(out: Path) -> int:
     before = {p for p in ws.records.rglob("*") if p.is_file()}
     summary: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
                      "allow_tf32": torch.backends.cuda.matmul.allow_tf32, "profiles": [], "gates": []}
-    for name in MODELS:
+    for name in models:
         for spec in CONFIGS:
             try:
                 summary["profiles"].append(profile_rows(ws, name, spec))
             except Exception:  # noqa: BLE001 - keep going, report everything
-                summary["profiles"].append({"model": name, "spec": spec, "error": traceback.format_exc()[-3000:]})
-            print(json.dumps(summary["profiles"][-1])[:600], flush=True)
+                summary["profiles"].append({"model": name, "spec": spec, "error": tail(traceback.format_exc(), LOG)})
+            print(clip(json.dumps(summary["profiles"][-1]), NOTE), flush=True)
             try:
                 g = run_gate(ws, name, SUITE, spec, auto_record=False,
                              speed="the pinned vLLM is not installed on the GPU runner")
@@ -142,8 +144,8 @@ def main(out: Path) -> int:
                     row.update(localize=loc.record.outcome, lines=[v.summary for v in loc.record.verdicts])
                 summary["gates"].append(row)
             except Exception:  # noqa: BLE001
-                summary["gates"].append({"model": name, "spec": spec, "exception": traceback.format_exc()[-3000:]})
-            print(json.dumps(summary["gates"][-1])[:1500], flush=True)
+                summary["gates"].append({"model": name, "spec": spec, "exception": tail(traceback.format_exc(), LOG)})
+            print(clip(json.dumps(summary["gates"][-1]), LOG), flush=True)
     (out / "localize_gpu.json").write_text(json.dumps(summary, indent=1, default=str))
     plot(summary["profiles"], out / "localize_gpu.png")
     new = sorted({p for p in ws.records.rglob("*") if p.is_file()} - before)
@@ -157,4 +159,4 @@ def main(out: Path) -> int:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--prepare"]:
         sys.exit(prepare(Workspace.default()))
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(main(Path(sys.argv[1]), tuple(sys.argv[2:]) or MODELS))

@@ -4,8 +4,9 @@ GPU part from the pinned vLLM on CPU, for the five committed tiny models.
 Two steps, on two machines:
 
     # 1. on the CPU host (needs the pinned vLLM): the oracle's tensors of every smoke case of the
-    #    five tiny models into .cache/oracle-tensors/ (five engine starts; skipped where cached)
-    .venv/bin/python tests/device/localize_gpu.py --prepare
+    #    five tiny models (or those named) into .cache/oracle-tensors/ (one engine start per model;
+    #    skipped where cached)
+    .venv/bin/python tests/device/localize_gpu.py --prepare [MODEL ...]
 
     # 2. on the GPU machine (no vLLM), with .cache/oracle-tensors carried along; some models only
     #    (those whose oracle tensors were carried), or all five:
@@ -54,8 +55,8 @@ def _golden(ws: Workspace, name: str):  # type: ignore[no-untyped-def]
     return model, read_golden(golden_dir(ws.goldens, model, SUITE), model_name=name, suite_name=SUITE)
 
 
-def prepare(ws: Workspace) -> int:
-    for name in MODELS:
+def prepare(ws: Workspace, models: tuple[str, ...] = MODELS) -> int:
+    for name in models:
         model, golden = _golden(ws, name)
         t = oracle_tensors(ws, model, golden, [c.id for c in golden.cases])
         print(f"{name}: {len(t.tensors)} cases ({', '.join(sorted(set(t.source.values())))}) in "
@@ -157,6 +158,6 @@ def main(out: Path, models: tuple[str, ...] = MODELS) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--prepare"]:
-        sys.exit(prepare(Workspace.default()))
+    if sys.argv[1:2] == ["--prepare"]:
+        sys.exit(prepare(Workspace.default(), tuple(sys.argv[2:]) or MODELS))
     sys.exit(main(Path(sys.argv[1]), tuple(sys.argv[2:]) or MODELS))

@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.api import EngineFailed, EngineRefused
 from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.excerpt import clip, tail
 from harness.files import locked
 from harness.models import ModelRef
 from harness.provenance import now_utc
@@ -109,7 +110,7 @@ def _convert(python: Path, worker: Path, source: Path, dest: Path, options: Mapp
             str(python.parent.parent.parent): ".venvs", str(worker.parent): "harness/engines/workers",
             str(source): source.name, str(dest.parent): "converted"})
         raise EngineFailed(f"{what}: converting {source.name} failed (exit {proc.returncode}): "
-                           f"{last_error(text)}", text[-4000:] + f"\n(the whole log: {log.name})")
+                           f"{last_error(text)}", tail(text) + f"\n(the whole log: {log.name})")
     return last
 
 
@@ -126,7 +127,7 @@ def last_error(log: str) -> str:
     """The converter's own last error line (``KeyError: 'rope_type'``), else its last line."""
     lines = [x.strip() for x in log.splitlines() if x.strip()]
     errors = [x for x in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", x)]
-    return (errors[-1] if errors else lines[-1] if lines else "no output")[:300]
+    return clip(errors[-1] if errors else lines[-1] if lines else "no output")
 
 
 def _write_json(path: Path, obj: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ from harness.engines.openai.options import OpenAIOptions
 from harness.engines.openai.reply import TOKEN_ID, ReplyDecoder, ServerProtocol
 from harness.engines.openai.transport import Fault, Reply, Transport
 from harness.engines.server_text import left_to_server, sampling_defaults
+from harness.excerpt import INLINE, clip, first_line
 
 # Request fields only vLLM (and servers copying it) understand; dropped if a server rejects them.
 VLLM_EXTRAS = {"return_token_ids": True, "return_tokens_as_token_ids": True}
@@ -68,10 +69,10 @@ class Prober:
                     notes.append(f"server rejects {', '.join(sorted(extras))}: sent without them")
                     extras = {}
                 elif k > 0 and "logprobs" in text:
-                    reasons["top_logprobs"] = f"server refuses logprobs ({text[:120]!r})"
+                    reasons["top_logprobs"] = f"server refuses logprobs ({clip(text, INLINE)!r})"
                     k = 0
                 elif prompts == "ids" and self.options.prompts == "auto" and self.decoder.model is not None:
-                    why = self.http.redact(f.describe())[:160]
+                    why = first_line(self.http.redact(f.describe()))
                     notes.append(f"server refuses token-id prompts ({why}): prompts sent as text, the "
                                  f"server's tokenization verified per case")
                     prompts = "text"

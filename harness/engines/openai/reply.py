@@ -17,8 +17,9 @@ import numpy as np
 
 from harness.api import Case, EngineRefused, Output
 from harness.capabilities import Capabilities
-from harness.engines.openai.transport import EXCERPT, Fault, Reply
+from harness.engines.openai.transport import Fault, Reply
 from harness.engines.token_text import UNMAPPED, TokenTexts
+from harness.excerpt import INLINE, clip
 from harness.models import ModelRef
 
 TOKEN_ID = re.compile(r"^token_id:(-?\d+)$")
@@ -113,7 +114,7 @@ class ReplyDecoder:
 
     def to_output(self, case_id: str, r: Reply, proto: ServerProtocol) -> Output:
         text = "".join(r.text)
-        excerpt = text[:60]
+        excerpt = clip(text, INLINE)
         if proto.ids_from == "token_ids":
             if r.token_ids is None:
                 raise Fault("response has no token_ids (the probe's had)", excerpt=excerpt)
@@ -145,7 +146,7 @@ class ReplyDecoder:
         if len(r.lp_top) != n or len(r.lp_chosen) != n:
             raise Fault(f"wrong number of logprobs: {len(r.lp_top)} top-logprob rows and "
                         f"{len(r.lp_chosen)} token logprobs for {n} generated tokens",
-                        excerpt=json.dumps(r.lp_top[:2])[:EXCERPT])
+                        excerpt=clip(json.dumps(r.lp_top[:2])))
         if proto.ids_from == "token_ids" and r.lp_tokens and proto.top_ids:
             for p, (tid, tok) in enumerate(zip(ids, r.lp_tokens, strict=False)):
                 m = TOKEN_ID.match(tok)
@@ -164,13 +165,13 @@ class ReplyDecoder:
             if not isinstance(row, Mapping) or not (k <= len(row) <= k + 1):
                 got = len(row) if isinstance(row, Mapping) else row
                 raise Fault(f"wrong number of logprobs at position {p}: got {got}, asked {k}",
-                            excerpt=json.dumps(row)[:EXCERPT])
+                            excerpt=clip(json.dumps(row)))
             items = []
             for key, lp in row.items():
                 m = TOKEN_ID.match(key)
                 if not m or not isinstance(lp, (int, float)):
                     raise Fault(f"top logprob at position {p} is {key!r}: {lp!r}",
-                                excerpt=json.dumps(row)[:EXCERPT])
+                                excerpt=clip(json.dumps(row)))
                 items.append((int(m.group(1)), float(lp)))
             items.sort(key=lambda x: (-x[1], x[0]))
             top_ids[p] = [t for t, _ in items[:k]]
@@ -206,7 +207,7 @@ class ReplyDecoder:
                         isinstance(v, (int, float)) for v in row.values()):
                     got = len(row) if isinstance(row, Mapping) else row
                     raise Fault(f"wrong number of logprobs at position {p}: got {got}, asked {k}",
-                                excerpt=json.dumps(row)[:EXCERPT])
+                                excerpt=clip(json.dumps(row)))
                 known = None
                 if p < len(r.lp_tokens) and np.isfinite(chosen[p]):
                     known = (r.lp_tokens[p], float(r.lp_chosen[p]), int(ids[p]))  # type: ignore[arg-type]

@@ -19,6 +19,7 @@ from harness.engines.openai.probe import Prober
 from harness.engines.openai.reply import ReplyDecoder, ServerProtocol
 from harness.engines.openai.transport import Fault, Transport
 from harness.engines.server_text import ids_from_echo, tokenize_endpoint
+from harness.excerpt import clip
 from harness.models import ModelRef
 from harness.speed import Speed
 
@@ -194,7 +195,7 @@ class OpenAIRunner(NoTensors):
             except Fault as f:
                 errors[case.id] = self.http.redact(f.describe())
             except (ValueError, TypeError, KeyError) as e:
-                errors[case.id] = f"{type(e).__name__}: {e}"[:300]
+                errors[case.id] = clip(f"{type(e).__name__}: {e}")
             else:
                 served[case.id] = tuple(ids)
         self._set_capabilities(tokenized_by=how, served_prompt_ids=served, tokenize_errors=errors)

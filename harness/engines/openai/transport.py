@@ -14,8 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from harness.engines.openai.options import OpenAIOptions
-
-EXCERPT = 300
+from harness.excerpt import clip
 
 
 class Fault(Exception):
@@ -54,7 +53,7 @@ class Reply:
             self.usage_tokens = chunk["usage"].get("completion_tokens", self.usage_tokens)
         choices = chunk.get("choices")
         if not isinstance(choices, list):
-            raise Fault("response has no 'choices' list", excerpt=json.dumps(chunk)[:EXCERPT])
+            raise Fault("response has no 'choices' list", excerpt=clip(json.dumps(chunk)))
         for ch in choices:
             if not isinstance(ch, Mapping) or ch.get("index", 0) != 0:
                 continue
@@ -154,7 +153,7 @@ class Transport:
             conn.close()
 
     def excerpt(self, text: str) -> str:
-        return self.redact(text.strip()[:EXCERPT])
+        return self.redact(clip(text.strip()))
 
     def redact(self, text: str) -> str:
         key = os.environ.get(self.options.key_env)

@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance kv-load
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -37,6 +37,7 @@ help:
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
 	@echo "make plan [DEVICE=cpu|cuda] [SHARD=i/n]                    the fleet matrix (fleet.toml) as CI matrix JSON"
 	@echo "make fleet [DEVICE=cpu] [SHARD=i/n] [WORKERS=auto]         run the matrix entries as pytest items (xdist)"
+	@echo "make kv-load [MODELS=\"tiny-llama smollm2-135m\"]            the KV round trip under load: one record per model"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
 # DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
@@ -132,3 +133,8 @@ fleet: venv
 # per run under reports/bench/ (schema in harness/perf.py).
 bench: venv
 	$(BIN)/python benchmarks/bench.py
+
+# The KV round trip under load (suite kv_load, docs/kv-load.md): one record per model. Opt-in: minutes.
+KV_LOAD_MODELS ?= tiny-llama smollm2-135m
+kv-load: venv
+	for m in $(or $(MODELS),$(KV_LOAD_MODELS)); do $(BIN)/harness gate --model $$m --suite kv_load || exit 1; done

@@ -1,0 +1,257 @@
+"""Judging the KV round trip under load (:mod:`harness.kv.load`): four gated comparators.
+
+* ``kv_load.pages`` (per request): every page the consumer restored is byte-equal to the page the
+  producer stored under the same id (key, layer, shard), and as many pages were restored as the
+  engine asked the connector for (the external tokens of each admission, a re-admission after a
+  preemption included); a page the store could not serve is a named failure;
+* ``kv_load.bit_exact`` / ``kv_load.near_tie`` (per request): the output under load against the
+  same request alone. Bit-exact is the bar where the engine itself was bit-exact under this load
+  (the ``ref`` pass, reading no cache, against alone); elsewhere that tier is a skip that says
+  why, and near-tie (a divergence only where the reference was nearly undecided) is the bar;
+* ``kv_load.evidence`` (one verdict): the run was under load: connector restores, preemptions and
+  prefix-cache evictions all above zero in the load pass, and at least ``min_in_flight`` requests
+  in flight at its peak. A run without load is not evidence and fails.
+
+Controls: the planted-fault lane (a byte flipped in the store under load) must fail
+``kv_load.pages`` naming the page; in-memory page mutations and the invariance tiers' planted
+faults (:mod:`harness.invariance.tiers`) prove the other comparators can fail; counters of zero
+must fail ``kv_load.evidence``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from harness.api import Case, Output, Verdict
+from harness.compare.bit_exact import BitExact
+from harness.compare.near_tie import NearTie
+from harness.controls import page_controls
+from harness.invariance.tiers import Tiers, fault_controls
+from harness.kv.capture import CapturedPage, CaptureError
+from harness.kv.faults import read_planted
+from harness.kv.passes import Phase
+from harness.kv.settings import LoadSettings
+from harness.records import Control
+
+PAGES, EVIDENCE = "kv_load.pages", "kv_load.evidence"
+BIT_EXACT, NEAR_TIE = "kv_load.bit_exact", "kv_load.near_tie"
+GATES = (PAGES, BIT_EXACT, NEAR_TIE, EVIDENCE)
+EVIDENCE_CASE = "load"
+TIER_SAMPLE = 16
+"""Requests whose alone outputs carry the tiers' planted faults (each is cheap; 16 are plenty)."""
+PAGE_SAMPLE = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    verdicts: tuple[Verdict, ...]
+    controls: tuple[Control, ...]
+    gates: tuple[str, ...]
+    summary: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _where(p: CapturedPage) -> dict[str, Any]:
+    return {"layer": p.ref.layer, "start": p.ref.start, "end": p.ref.end, "key": p.ref.key[:16]}
+
+
+def first_byte(a: bytes, b: bytes) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def bad_pages(restored: Sequence[CapturedPage], written: Mapping[Any, CapturedPage]) -> list[dict[str, Any]]:
+    """Restored pages that are not byte-equal to the page the producer stored under their id."""
+    bad = []
+    for r in restored:
+        w = written.get(r.ref.id)
+        if w is None:
+            bad.append({**_where(r), "kind": "never stored"})
+            continue
+        try:
+            rb, wb = r.read(), w.read()
+        except CaptureError as e:
+            bad.append({**_where(r), "kind": "unreadable", "reason": str(e)[:200]})
+            continue
+        if rb != wb:
+            bad.append({**_where(r), "kind": "differ", "offset": first_byte(wb, rb)})
+    return bad
+
+
+def page_verdict(case: Case, restored: Sequence[CapturedPage], written: Mapping[Any, CapturedPage],
+                 asked: int, problems: Sequence[str], lane: str) -> Verdict:
+    """``kv_load.pages`` for one request: ``asked`` pages were requested of the connector."""
+    bad = bad_pages(restored, written)
+    ev: dict[str, Any] = {"lane": lane, "restored_pages": len(restored), "asked_pages": asked}
+    if bad or problems or len(restored) != asked:
+        ev.update(bad=bad[:20], problems=list(problems[:10]))
+        first = bad[0] if bad else None
+        what = (f"{len(bad)}/{len(restored)} restored pages differ from what the producer stored; first: "
+                f"layer {first['layer']} tokens [{first['start']}, {first['end']}) {first['kind']}"
+                + (f" at byte {first['offset']}" if first.get("offset") is not None else "")
+                if first else problems[0] if problems else
+                f"{len(restored)} pages restored, the engine asked the connector for {asked}")
+        return Verdict(case.id, PAGES, "fail", f"kv_load.pages FAIL: {what}", detail=f"{case.id}: {what}",
+                       evidence=ev)
+    return Verdict(case.id, PAGES, "pass", f"{len(restored)} restored pages byte-equal to the stored ones",
+                   evidence=ev)
+
+
+def counters(cons: Phase, restored: int, restores: int) -> dict[str, Any]:
+    """The load pass's evidence: what vLLM counted, what was sampled, what the connector restored."""
+    o = dict(cons.observed.get("load") or {})
+    return {"requests_in_flight_peak": o.get("peak_in_flight"), "running_peak": o.get("peak_running"),
+            "preemptions": o.get("num_preemptions"), "evictions": o.get("blocks_evicted"),
+            "restores": restores, "restored_pages": restored,
+            "connector_hit_tokens": o.get("external_prefix_cache_hits"),
+            "prefix_cache_hit_tokens": o.get("prefix_cache_hits"), "samples": o.get("samples"),
+            **({"unreadable": o["counters_unreadable"]} if "counters_unreadable" in o else {}),
+            **({"events_error": o["events_error"]} if "events_error" in o else {})}
+
+
+def evidence_verdict(c: Mapping[str, Any], load: LoadSettings) -> Verdict:
+    """``kv_load.evidence``: zero counters mean the run was not under load, and it fails."""
+    if "unreadable" in c or c.get("evictions") is None:
+        why = c.get("unreadable") or c.get("events_error") or "no KV-cache events were observed"
+        return Verdict(EVIDENCE_CASE, EVIDENCE, "error", f"the load counters could not be read: {why}",
+                       evidence=dict(c))
+    short = [f"{k} {c.get(k) or 0}" for k in ("restores", "preemptions", "evictions") if not c.get(k)]
+    if (c.get("requests_in_flight_peak") or 0) < load.min_in_flight:
+        short.append(f"requests in flight at peak {c.get('requests_in_flight_peak') or 0} < "
+                     f"{load.min_in_flight}")
+    line = (f"peak {c['requests_in_flight_peak']} requests in flight ({c['running_peak']} running), "
+            f"{c['restores']} restores ({c['restored_pages']} pages), {c['preemptions']:.0f} preemptions, "
+            f"{c['evictions']} cached blocks evicted")
+    if short:
+        return Verdict(EVIDENCE_CASE, EVIDENCE, "fail", f"kv_load.evidence FAIL: not under load: "
+                       f"{', '.join(short)}", detail=line, evidence=dict(c))
+    return Verdict(EVIDENCE_CASE, EVIDENCE, "pass", line, evidence=dict(c))
+
+
+def _renamed(items: Sequence[Any]) -> list[Any]:
+    """The invariance tiers' names (``inv_kv_load.bit_exact``) as this lane's (``kv_load.bit_exact``)."""
+    return [replace(x, comparator=x.comparator.removeprefix("inv_")) for x in items]
+
+
+def judge_load(requests: Sequence[Case], flips: Sequence[Case], prod: Phase, cons: Phase | None,
+               load: LoadSettings, suite: str, decode: Any = None, threshold_nats: float = 0.5) -> Judged:
+    failed = prod if not prod.ok else (cons if cons is not None and not cons.ok else None)
+    if failed is not None or cons is None or prod.capture is None or cons.capture is None:
+        ph = failed or cons or prod
+        first = ph.reason.splitlines()[0][:140] if ph.reason else "its capture could not be read"
+        status = "skip" if ph.skipped else "error"
+        detail = f"{ph.reason}\n--- {ph.name} engine log tail ---\n{ph.tail()}"
+        vs = [Verdict(c.id, g, status, f"{ph.name} engine: {first}", detail=detail)  # type: ignore[arg-type]
+              for g in GATES[:3] for c in requests]
+        vs.append(Verdict(EVIDENCE_CASE, EVIDENCE, status, f"{ph.name} engine: {first}", detail=detail))  # type: ignore[arg-type]
+        return Judged(tuple(vs), (), GATES, f"kv-load: {ph.name} engine {status}: {first}",
+                      {"engine_error": ph.reason})
+    from harness.engines.vllm import output_from_fields
+
+    written: dict[Any, CapturedPage] = {}
+    for p in prod.capture.side("written"):
+        written.setdefault(p.ref.id, p)
+    restored: dict[tuple[str, str], list[CapturedPage]] = defaultdict(list)
+    for p in cons.capture.side("restored"):
+        restored[(p.tag.case, p.tag.lane)].append(p)
+    problems: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for pr in cons.capture.problems:
+        problems[(pr.tag.case, pr.tag.lane)].append(f"{pr.ref.describe()}: {pr.kind}: {pr.reason}")
+    for s in cons.capture.store_problems:
+        problems[(str(s.get("case")), str(s.get("lane")))].append(f"{s.get('kind')}: {s.get('reason')}")
+    setup = cons.capture.setup or {}
+    per_token = {int(g["block_size"]): 0 for g in setup.get("groups", []) if g.get("paged")}
+    for g in setup.get("groups", []):
+        if g.get("paged"):
+            per_token[int(g["block_size"])] += len(g.get("layers") or ()) * int(setup.get("tp", 1))
+    external: Counter[tuple[str, str]] = Counter()
+    restores: Counter[tuple[str, str]] = Counter()
+    for f in cons.capture.requests:
+        external[(f.case, f.lane)] += f.external
+        restores[(f.case, f.lane)] += f.external > 0
+
+    def asked(key: tuple[str, str]) -> int:
+        return sum(external[key] // bs * n for bs, n in per_token.items())
+
+    verdicts: list[Verdict] = []
+    for c in requests:
+        verdicts.append(page_verdict(c, restored[(c.id, "clean")], written, asked((c.id, "clean")),
+                                     problems[(c.id, "clean")], "clean"))
+    tiers = Tiers(BitExact(decode), NearTie(threshold_nats, decode))
+
+    def out(ph: Phase, pass_name: str, cid: str, lane: str) -> Output:
+        row = ph.row(pass_name, cid, lane)
+        return (output_from_fields(cid, row) if row is not None else
+                Output(cid, (), error=f"the {ph.name} engine returned no {pass_name} result"))
+
+    exact_engine = 0
+    refs: list[tuple[Case, Output]] = []
+    for c in requests:
+        alone, under, ref = out(prod, "alone", c.id, "clean"), out(cons, "load", c.id, "clean"), \
+            out(cons, "ref", c.id, "ref")
+        refs.append((c, alone))
+        engine = tiers.compare("bit_exact", alone, ref, c)
+        facts = {"prefix": next((t for t in c.tags if t.startswith("prefix:")), ""),
+                 "restores": restores[(c.id, "clean")],
+                 "engine_bit_exact_under_load": engine.status == "pass"}
+        exact_engine += engine.status == "pass"
+        for tier, name in (("bit_exact", BIT_EXACT), ("near_tie", NEAR_TIE)):
+            v = tiers.compare(tier, alone, under, c)
+            ev = {**v.evidence, **facts}
+            if tier == "bit_exact" and engine.status != "pass" and v.status in ("pass", "fail"):
+                v = replace(v, status="skip", evidence={**ev, "judged": v.status, "engine": engine.summary},
+                            summary=f"not evidence: without the connector the engine was not bit-exact to "
+                                    f"the request alone under this load; judged {v.status}",
+                            detail=f"{c.id}: without the connector, under the same load: {engine.summary}\n"
+                                   f"with the connector: {v.summary}")
+            verdicts.append(replace(v, comparator=name, evidence=ev))
+    n_restored = sum(len(v) for (cid, lane), v in restored.items() if lane == "clean")
+    c = counters(cons, n_restored, sum(v for (cid, lane), v in restores.items() if lane == "clean"))
+    verdicts.append(evidence_verdict(c, load))
+
+    controls: list[Control] = []
+    planted = read_planted(cons.capture.folder).get("flip")
+    for f in flips:
+        key = (f.id, "flip")
+        v = page_verdict(f, restored[key], written, asked(key), problems[key], "flip")
+        named = planted is not None and any(
+            b.get("layer") == planted["layer"] and b.get("start") == planted["start"]
+            and b.get("end") == planted["end"] for b in v.evidence.get("bad", ()))
+        what = (f"in-engine, under load: the store flips byte {planted.get('offset')} of layer "
+                f"{planted['layer']} tokens [{planted['start']}, {planted['end']})" if planted else
+                "in-engine, under load: a flipped byte (never planted: the lane served no page)")
+        controls.append(Control(PAGES, what, "fail", v.status, v.status == "fail" and named,
+                                v.summary if named or planted is None else
+                                f"{v.summary}; the verdict does not name the planted page"))
+    sample = [p for ps in restored.values() for p in ps if p.ref.id in written][:PAGE_SAMPLE]
+    pages: dict[Any, bytes] = {}
+    for p in sample:
+        try:
+            pages[p.ref.id] = written[p.ref.id].read()
+        except CaptureError:
+            continue
+
+    def judge_pages(w: Mapping[Any, bytes], r: Mapping[Any, bytes]) -> str:
+        return "pass" if set(w) == set(r) and all(w[k] == r[k] for k in w) else "fail"
+
+    controls += page_controls(PAGES, judge_pages, pages)
+    controls += _renamed(fault_controls("kv_load", refs[:TIER_SAMPLE], tiers))
+    idle = {**c, "restores": 0, "preemptions": 0.0, "evictions": 0, "requests_in_flight_peak": 1}
+    for what, planted_c in (("every counter 0 (a run without load)", idle),
+                            ("no preemption", {**c, "preemptions": 0.0}),
+                            ("no prefix-cache eviction", {**c, "evictions": 0})):
+        got = evidence_verdict(planted_c, load).status
+        controls.append(Control(EVIDENCE, what, "fail", got, got == "fail"))
+
+    tokens = Counter(v.status for v in verdicts if v.comparator == NEAR_TIE)
+    exact = Counter(v.status for v in verdicts if v.comparator == BIT_EXACT)
+    page_ok = sum(v.status == "pass" for v in verdicts if v.comparator == PAGES)
+    summary = (f"kv-load: {len(requests)} requests, {verdicts[-1].summary}; pages {page_ok}/{len(requests)} "
+               f"requests byte-equal; tokens vs alone: near-tie {tokens['pass']}/{len(requests)}, bit-exact "
+               f"{exact['pass']}/{exact['pass'] + exact['fail']} where the engine was ({exact['skip']} not)")
+    extra = {"load": {**c, "requests": len(requests), "engine_bit_exact_requests": exact_engine,
+                      "flip_requests": len(flips), "pages_written": len(written)}}
+    return Judged(tuple(verdicts), tuple(controls), GATES, summary, extra)

@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance kv-load
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance chaos kv-load
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -37,6 +37,7 @@ help:
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
 	@echo "make plan [DEVICE=cpu|cuda] [SHARD=i/n]                    the fleet matrix (fleet.toml) as CI matrix JSON"
 	@echo "make fleet [DEVICE=cpu] [SHARD=i/n] [WORKERS=auto]         run the matrix entries as pytest items (xdist)"
+	@echo "make chaos [ROWS=\"sigkill-during-kv ...\"]                 the fault table (docs/chaos.md), printed and written"
 	@echo "make kv-load [MODELS=\"tiny-llama smollm2-135m\"]            the KV round trip under load: one record per model"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
@@ -133,6 +134,13 @@ fleet: venv
 # per run under reports/bench/ (schema in harness/perf.py).
 bench: venv
 	$(BIN)/python benchmarks/bench.py
+
+# The fault table (docs/chaos.md): faults injected into the harness on the real pinned vLLM, in
+# private workspaces; prints what was injected, what the harness did, what was lost, what was left,
+# and writes reports/chaos/<time>_<sha>.json and the table in docs/chaos.md. Opt-in: 30-60 minutes
+# on 2 cores (one engine start per row but two). `python -m harness.chaos --list` names the rows.
+chaos: venv
+	$(BIN)/python -m harness.chaos $(ROWS)
 
 # The KV round trip under load (suite kv_load, docs/kv-load.md): one record per model. Opt-in: minutes.
 KV_LOAD_MODELS ?= tiny-llama smollm2-135m

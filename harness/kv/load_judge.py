@@ -1,21 +1,25 @@
-"""Judging the KV round trip under load (:mod:`harness.kv.load`): four gated comparators.
+"""Judging the KV round trip under load (:mod:`harness.kv.load`): four comparators.
 
 * ``kv_load.pages`` (per request): every page the consumer restored is byte-equal to the page the
   producer stored under the same id (key, layer, shard), and as many pages were restored as the
   engine asked the connector for (the external tokens of each admission, a re-admission after a
   preemption included); a page the store could not serve is a named failure;
 * ``kv_load.bit_exact`` / ``kv_load.near_tie`` (per request): the output under load against the
-  same request alone. Bit-exact is the bar where the engine itself was bit-exact under this load
-  (the ``ref`` pass, reading no cache, against alone); elsewhere that tier is a skip that says
-  why, and near-tie (a divergence only where the reference was nearly undecided) is the bar;
+  same request alone. Near-tie (a divergence only where the alone run was nearly undecided) is
+  always gated. Bit-exact is gated when the engine itself is bit-exact under this load: every
+  request of the ``ref`` pass (the same load, reading no cache) equal to alone bit for bit. Where
+  the engine is not (its batches change logprobs in the last bits), bit-exact is reported, a skip
+  naming how many requests the engine itself kept bit-exact. A per-request choice does not hold:
+  the load and ref passes batch requests differently, so a request bit-exact in one may differ by
+  1e-6 nats in the other without any cache read (seen on tiny-llama: 0 restores, 4 positions);
 * ``kv_load.evidence`` (one verdict): the run was under load: connector restores, preemptions and
   prefix-cache evictions all above zero in the load pass, and at least ``min_in_flight`` requests
   in flight at its peak. A run without load is not evidence and fails.
 
 Controls: the planted-fault lane (a byte flipped in the store under load) must fail
-``kv_load.pages`` naming the page; in-memory page mutations and the invariance tiers' planted
-faults (:mod:`harness.invariance.tiers`) prove the other comparators can fail; counters of zero
-must fail ``kv_load.evidence``.
+``kv_load.pages`` naming the page; in-memory page mutations (:func:`page_mutations`) and the
+invariance tiers' planted faults (:mod:`harness.invariance.tiers`) prove the other comparators
+can fail; counters of zero must fail ``kv_load.evidence``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from typing import Any
 from harness.api import Case, Output, Verdict
 from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
-from harness.controls import page_controls
 from harness.invariance.tiers import Tiers, fault_controls
 from harness.kv.capture import CapturedPage, CaptureError
 from harness.kv.faults import read_planted
@@ -131,6 +134,32 @@ def evidence_verdict(c: Mapping[str, Any], load: LoadSettings) -> Verdict:
     return Verdict(EVIDENCE_CASE, EVIDENCE, "pass", line, evidence=dict(c))
 
 
+def same_pages(written: Mapping[Any, bytes], restored: Mapping[Any, bytes]) -> str:
+    """``kv_load.pages``' rule over pages in memory: every page back, every byte the same."""
+    same = set(written) == set(restored) and all(written[k] == restored[k] for k in written)
+    return "pass" if same else "fail"
+
+
+def page_mutations(pages: Mapping[Any, bytes]) -> list[Control]:
+    """``kv_load.pages``' in-memory controls on real stored pages: one byte flipped and one page
+    dropped must fail, an identical copy must pass; pages all zero (an unused buffer) prove nothing."""
+    if not pages or all(not any(v) for v in pages.values()):
+        return [Control(PAGES, "flip one byte of one page", "fail", "unplantable", False,
+                        "no captured page holds a non-zero byte")]
+    keys = list(pages)
+    victim = next(k for k in keys[len(keys) // 2:] + keys if any(pages[k]))
+    flipped = bytearray(pages[victim])
+    flipped[len(flipped) // 2] ^= 0x01
+    out = []
+    planted = (("flip one byte of one page", "fail", {**pages, victim: bytes(flipped)}),
+               ("drop one page", "fail", {k: v for k, v in pages.items() if k != keys[-1]}),
+               ("identical copy", "pass", dict(pages)))
+    for what, expect, restored in planted:
+        got = same_pages(pages, restored)
+        out.append(Control(PAGES, what, expect, got, got == expect))  # type: ignore[arg-type]
+    return out
+
+
 def _renamed(items: Sequence[Any]) -> list[Any]:
     """The invariance tiers' names (``inv_kv_load.bit_exact``) as this lane's (``kv_load.bit_exact``)."""
     return [replace(x, comparator=x.comparator.removeprefix("inv_")) for x in items]
@@ -187,27 +216,27 @@ def judge_load(requests: Sequence[Case], flips: Sequence[Case], prod: Phase, con
         return (output_from_fields(cid, row) if row is not None else
                 Output(cid, (), error=f"the {ph.name} engine returned no {pass_name} result"))
 
-    exact_engine = 0
+    pairs = [(c, out(prod, "alone", c.id, "clean"), out(cons, "load", c.id, "clean"),
+              out(cons, "ref", c.id, "ref")) for c in requests]
+    engine = {c.id: tiers.compare("bit_exact", alone, ref, c) for c, alone, _, ref in pairs}
+    exact_engine = sum(v.status == "pass" for v in engine.values())
+    invariant = exact_engine == len(requests)
+    why_not = (f"not gated: without the connector, under this load, the engine itself was bit-exact to the "
+               f"request alone for {exact_engine}/{len(requests)} requests")
     refs: list[tuple[Case, Output]] = []
-    for c in requests:
-        alone, under, ref = out(prod, "alone", c.id, "clean"), out(cons, "load", c.id, "clean"), \
-            out(cons, "ref", c.id, "ref")
+    for c, alone, under, _ in pairs:
         refs.append((c, alone))
-        engine = tiers.compare("bit_exact", alone, ref, c)
         facts = {"prefix": next((t for t in c.tags if t.startswith("prefix:")), ""),
                  "restores": restores[(c.id, "clean")],
-                 "engine_bit_exact_under_load": engine.status == "pass"}
-        exact_engine += engine.status == "pass"
+                 "engine_bit_exact_under_load": engine[c.id].status == "pass"}
         for tier, name in (("bit_exact", BIT_EXACT), ("near_tie", NEAR_TIE)):
             v = tiers.compare(tier, alone, under, c)
-            ev = {**v.evidence, **facts}
-            if tier == "bit_exact" and engine.status != "pass" and v.status in ("pass", "fail"):
-                v = replace(v, status="skip", evidence={**ev, "judged": v.status, "engine": engine.summary},
-                            summary=f"not evidence: without the connector the engine was not bit-exact to "
-                                    f"the request alone under this load; judged {v.status}",
-                            detail=f"{c.id}: without the connector, under the same load: {engine.summary}\n"
-                                   f"with the connector: {v.summary}")
-            verdicts.append(replace(v, comparator=name, evidence=ev))
+            v = replace(v, comparator=name, evidence={**v.evidence, **facts, "judged": v.status})
+            if tier == "bit_exact" and not invariant and v.status in ("pass", "fail"):
+                v = replace(v, status="skip", summary=f"{why_not}; judged {v.status}",
+                            detail=f"{c.id}: with the connector: {v.summary}\nwithout the connector, "
+                                   f"under the same load: {engine[c.id].summary}")
+            verdicts.append(v)
     n_restored = sum(len(v) for (cid, lane), v in restored.items() if lane == "clean")
     c = counters(cons, n_restored, sum(v for (cid, lane), v in restores.items() if lane == "clean"))
     verdicts.append(evidence_verdict(c, load))
@@ -234,10 +263,7 @@ def judge_load(requests: Sequence[Case], flips: Sequence[Case], prod: Phase, con
         except CaptureError:
             continue
 
-    def judge_pages(w: Mapping[Any, bytes], r: Mapping[Any, bytes]) -> str:
-        return "pass" if set(w) == set(r) and all(w[k] == r[k] for k in w) else "fail"
-
-    controls += page_controls(PAGES, judge_pages, pages)
+    controls += page_mutations(pages)
     controls += _renamed(fault_controls("kv_load", refs[:TIER_SAMPLE], tiers))
     idle = {**c, "restores": 0, "preemptions": 0.0, "evictions": 0, "requests_in_flight_peak": 1}
     for what, planted_c in (("every counter 0 (a run without load)", idle),
@@ -247,11 +273,16 @@ def judge_load(requests: Sequence[Case], flips: Sequence[Case], prod: Phase, con
         controls.append(Control(EVIDENCE, what, "fail", got, got == "fail"))
 
     tokens = Counter(v.status for v in verdicts if v.comparator == NEAR_TIE)
-    exact = Counter(v.status for v in verdicts if v.comparator == BIT_EXACT)
+    exact = Counter(v.evidence.get("judged", v.status) for v in verdicts if v.comparator == BIT_EXACT)
     page_ok = sum(v.status == "pass" for v in verdicts if v.comparator == PAGES)
     summary = (f"kv-load: {len(requests)} requests, {verdicts[-1].summary}; pages {page_ok}/{len(requests)} "
                f"requests byte-equal; tokens vs alone: near-tie {tokens['pass']}/{len(requests)}, bit-exact "
-               f"{exact['pass']}/{exact['pass'] + exact['fail']} where the engine was ({exact['skip']} not)")
+               f"{exact['pass']}/{len(requests)}")
+    if not invariant:
+        summary += (f" (not gated: the engine itself was bit-exact for {exact_engine}/{len(requests)} "
+                    f"without the connector)")
     extra = {"load": {**c, "requests": len(requests), "engine_bit_exact_requests": exact_engine,
+                      "bit_exact_gated": invariant, "bit_exact_requests": exact["pass"],
                       "flip_requests": len(flips), "pages_written": len(written)}}
-    return Judged(tuple(verdicts), tuple(controls), GATES, summary, extra)
+    gates = GATES if invariant else tuple(g for g in GATES if g != BIT_EXACT)
+    return Judged(tuple(verdicts), tuple(controls), gates, summary, extra)

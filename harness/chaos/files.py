@@ -25,7 +25,7 @@ from harness.chaos.launch import (
     unwrapped,
 )
 from harness.chaos.table import Row, scenario
-from harness.chaos.watch import TreeWatch, broken_goldens, broken_records
+from harness.chaos.watch import GUARD, TreeWatch, broken_goldens, broken_records
 from harness.workspace import REPO_ROOT
 
 TMPFS_KIB = 512
@@ -122,7 +122,8 @@ def four_gates(tmp: Path) -> Row:
     for fh in logs:
         fh.close()
     wall = time.monotonic() - t0
-    oracle_runs = len({k for w in watches for k, cmd in w.seen.items() if "vllm_worker.py" in cmd})
+    oracle_runs = len({k for w in watches for k, cmd in w.seen.items()
+                       if "vllm_worker.py" in cmd and GUARD not in cmd})
     left = []
     for w in watches:
         left += w.wait_gone(30)[1]

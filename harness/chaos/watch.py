@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.engines.procs import pid_running
 
 POLL_S = 0.1
+GUARD = "engines/guard.py"
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -83,10 +84,12 @@ class TreeWatch:
         self._thread.join(timeout=5)
 
     def matching(self, *needles: str) -> list[int]:
-        """Live pids seen whose command line holds every needle."""
+        """Live pids seen whose command line holds every needle (never a guard, whose command line
+        holds its engine's: :mod:`harness.engines.guard`)."""
         with self._lock:
             items = list(self.seen.items())
-        return [pid for (pid, start), cmd in items if all(n in cmd for n in needles) and _alive(pid, start)]
+        return [pid for (pid, start), cmd in items
+                if all(n in cmd for n in needles) and GUARD not in cmd and _alive(pid, start)]
 
     def left(self) -> list[tuple[int, str]]:
         """Processes seen that still run (the same pid with the same start time: not a reused pid)."""

@@ -103,7 +103,7 @@ def run_load(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: Mappi
     prod = run_phase(run_dir, "producer", model, eng_p, suite.sampling,
                      [{"name": "alone", "mode": "alone",
                        "requests": [request(c.id, c.prompt_ids) for c in [*requests, *flips]]}],
-                     cap / "producer", python=python)
+                     cap / "producer", timeout_s=load.timeout_s, python=python)
     timings: dict[str, float] = {"producer_engine_start_s": prod.timings.get("engine_start_s", float("nan"))}
     cons = None
     endpoint = events_endpoint()
@@ -115,7 +115,7 @@ def run_load(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: Mappi
                                                        skip_reading=True, capture=False) for c in requests]}]
         try:
             cons = run_phase(run_dir, "consumer", model, eng_c, suite.sampling, passes, cap / "consumer",
-                             python=python, observe={"events": endpoint})
+                             timeout_s=load.timeout_s, python=python, observe={"events": endpoint})
         finally:
             Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
         timings["consumer_engine_start_s"] = cons.timings.get("engine_start_s", float("nan"))

@@ -36,12 +36,11 @@ from harness.invariance.tiers import Tiers, fault_controls
 from harness.kv.capture import CapturedPage, CaptureError
 from harness.kv.faults import read_planted
 from harness.kv.passes import Phase
-from harness.kv.settings import LoadSettings
+from harness.kv.settings import LOAD_VERDICTS, LoadSettings
 from harness.records import Control
 
-PAGES, EVIDENCE = "kv_load.pages", "kv_load.evidence"
-BIT_EXACT, NEAR_TIE = "kv_load.bit_exact", "kv_load.near_tie"
-GATES = (PAGES, BIT_EXACT, NEAR_TIE, EVIDENCE)
+PAGES, BIT_EXACT, NEAR_TIE, EVIDENCE = LOAD_VERDICTS
+GATES = LOAD_VERDICTS
 EVIDENCE_CASE = "load"
 TIER_SAMPLE = 16
 """Requests whose alone outputs carry the tiers' planted faults (each is cheap; 16 are plenty)."""

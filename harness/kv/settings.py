@@ -80,6 +80,10 @@ class KVSettings:
                    if load is not None else None)
 
 
+LOAD_VERDICTS = ("kv_load.pages", "kv_load.bit_exact", "kv_load.near_tie", "kv_load.evidence")
+"""The comparators the load lane's verdicts are named by (:mod:`harness.kv.load_judge`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoadSettings:
     """``[kv.load]``: many requests in flight over shared prefixes of several lengths, in a KV pool
@@ -99,6 +103,9 @@ class LoadSettings:
     flip_requests: int = 1
     """Requests replayed in the planted-fault lane (one byte of a stored page flipped)."""
     seed: int = 0
+    timeout_s: int = 7200
+    """Seconds each phase may take: the producer runs every request alone (smollm2-135m on two
+    busy cores: about 18 s each), far longer than a plain round trip's phase."""
 
     def to_json(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in
@@ -122,7 +129,7 @@ class LoadSettings:
             raise SuiteError(f"{where}: field 'suffix_tokens' must be [least, most], got {list(suffix)}")
         s = cls(ints("requests", 128), ints("prefix_tokens", [32, 96, 160]), (suffix[0], suffix[1]),
                 ints("pool_blocks", 48), ints("max_model_len", 512), ints("min_in_flight", 64),
-                ints("flip_requests", 1, lo=0), ints("seed", 0, lo=0))
+                ints("flip_requests", 1, lo=0), ints("seed", 0, lo=0), ints("timeout_s", 7200))
         longest = max(s.prefix_tokens) + s.suffix_tokens[1]
         if longest >= s.max_model_len:
             raise SuiteError(f"{where}: the longest request ({longest} tokens) does not fit max_model_len "

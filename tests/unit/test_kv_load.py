@@ -60,6 +60,7 @@ def test_a_base_shorter_than_the_longest_prefix_is_named() -> None:
     ({"suffix_tokens": [9, 3]}, "least, most"),
     ({"requests": 32}, "min_in_flight 64 > requests 32"),
     ({"prefix_tokens": [0, 32]}, "must be int"),
+    ({"timeout_s": 0}, "must be int"),
 ])
 def test_the_load_table_is_checked(table: dict[str, Any], needle: str) -> None:
     with pytest.raises(SuiteError, match=needle):

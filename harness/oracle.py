@@ -31,6 +31,7 @@ from harness.models import ModelRef
 from harness.pin import OraclePin, oracle_pin
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
 from harness.speed import Speed
+from harness.steps import step
 from harness.suites import Suite
 from harness.workspace import Workspace
 
@@ -61,8 +62,9 @@ def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None)
     runner = make_runner(pin.engine, model, RunnerContext(run_dir=ws.runs, name=ORACLE))
     t0 = time.perf_counter()
     try:
-        runner.start()
-        outputs = runner.run(cases, suite.sampling)
+        with step(f"recording goldens {model.name}/{suite.name} with {pin.spec}"):
+            runner.start()
+            outputs = runner.run(cases, suite.sampling)
     except (EngineRefused, EngineFailed) as e:
         tail = e.log_tail if isinstance(e, EngineFailed) else ""
         raise GoldenError(f"the oracle ({pin.spec}) could not run {model.name}/{suite.name}: {e}"

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from harness.engines.guard import group_members, pid_state
 from harness.signals import exit_on_sigterm
+from harness.steps import step
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _PIPES: dict[int, int] = {}
@@ -83,11 +84,12 @@ class Exited:
 
 
 def run_engine(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None,
-               cwd: Path | None = None) -> Exited:
+               cwd: Path | None = None, *, label: str) -> Exited:
     """Run one engine process to completion (:func:`spawn`), stdout and stderr into ``log``; after
     ``timeout_s`` it is stopped. Its whole group (vLLM's engine-core and worker processes) is
-    stopped before this returns or raises, whatever happened."""
-    with log.open("w") as fh:
+    stopped before this returns or raises, whatever happened. ``label`` names the step in the live
+    status and the log (:mod:`harness.steps`)."""
+    with step(label), log.open("w") as fh:
         proc = spawn(argv, stdout=fh, env=env if env is not None else engine_env(), cwd=cwd)
         try:
             return Exited(proc.wait(timeout=timeout_s), False)
@@ -164,11 +166,6 @@ def untrack(proc: subprocess.Popen[bytes]) -> None:
         w = _PIPES.pop(proc.pid, None)
     if w is not None:
         os.close(w)
-
-
-def live_pids() -> list[int]:
-    with _LOCK:
-        return sorted(_LIVE)
 
 
 @atexit.register

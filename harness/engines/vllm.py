@@ -150,7 +150,8 @@ class VLLMRunner:
             **({"full": {"dir": str(work / "full")}} if sampling.full_vocab else {}),
             **({"speed_levels": list(self._levels)} if self._levels else {}),
         }))
-        proc = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path, START_TIMEOUT_S)
+        proc = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path, START_TIMEOUT_S,
+                          label=f"vLLM {self.name} ({self.model.name}, {len(cases)} cases): start + run")
         if proc.timed_out:
             raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s", self._tail())
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []

@@ -123,7 +123,8 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
                                "sampling": sampling.to_json(),
                                "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
     done = run_engine([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)], log,
-                      timeout_s, engine_env(repo_on_path=True), cwd=folder)
+                      timeout_s, engine_env(repo_on_path=True), cwd=folder,
+                      label=f"vLLM engine {g.key} ({model.name}): {', '.join(g.serves)}")
     rc = done.returncode
     timed_out = f"the {g.key} engine did not finish within {timeout_s:.0f} s" if done.timed_out else None
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []

@@ -11,18 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, Output, Verdict
+from harness import compare
+from harness.api import Case, Comparator, Output, PageComparator, Verdict
 from harness.compare.byte_equal import ByteEqual
 from harness.compare.kv_hits import KVHits
-from harness.compare.strict import Strict, first_divergence
+from harness.compare.strict import first_divergence
+from harness.controls import run_controls
 from harness.kv.capture import CaptureError
 from harness.kv.config import UNREPORTED
-from harness.kv.evidence import CaseEvidence, MemoryPage, Page, Problem
+from harness.kv.evidence import CaseEvidence, Page, Problem
 from harness.kv.faults import read_planted
 from harness.kv.pages import PageRef, expected_hit_tokens, prefix_keys
 from harness.kv.passes import Phase
 from harness.kv.plan import first_block_in_window
 from harness.records import Control
+from harness.suites import ComparatorSpec
 
 
 @dataclass
@@ -99,19 +102,19 @@ class Judge:
             return Output(case_id, (), error="the consumer engine returned no result for this case")
         return output_from_fields(case_id, row)
 
-    def verdict(self, comparator: str, case: Case, ev: CaseEvidence, golden: Output | None,
-                cons: Phase) -> Verdict:
-        if comparator == "byte_equal":
-            return ByteEqual(self.suite).judge_kv(case, ev)
-        if comparator == "kv_hits":
-            return KVHits(self.suite).judge_kv(case, ev)
-        from harness import compare
+    def comparator(self, name: str, params: Mapping[str, Any]) -> Comparator:
+        """The suite's comparator ``name``; a page comparator names this suite in its verdicts."""
+        comp = compare.build(name, params, self.decode)
+        return replace(comp, suite=self.suite) if isinstance(comp, PageComparator) else comp  # type: ignore[type-var]
 
+    def verdict(self, comp: Comparator, case: Case, ev: CaseEvidence, golden: Output | None,
+                cons: Phase) -> Verdict:
+        if isinstance(comp, PageComparator):
+            return comp.judge_kv(case, ev)
         cand = self.output(cons.row("restore", case.id, "clean"), case.id)
         ref = self.output(cons.row("restore", case.id, "ref"), case.id)
         if golden is None:
-            return Verdict(case.id, comparator, "error", "no golden output for this case")
-        comp = compare.build(comparator, {}, self.decode) if comparator != "strict" else Strict(self.decode)
+            return Verdict(case.id, comp.key, "error", "no golden output for this case")
         v = comp.compare(golden, cand, case)
         pos = first_divergence(ref.token_ids, cand.token_ids)
         return replace(v, evidence={**v.evidence, "vs_in_engine_reference": "equal" if pos is None
@@ -159,48 +162,14 @@ class Judge:
         return out, info
 
     def memory_controls(self, evs: Mapping[str, CaseEvidence], golden: Mapping[str, Output],
-                        cases: Sequence[Case], spec_names: set[str]) -> list[Control]:
-        """In-memory controls over the real captured pages (harness.controls) and hit counts."""
-        from harness.compare.byte_equal import judge_pages
-        from harness.controls import page_controls, run_controls
-        from harness.kv.digest import digest_bytes
-
+                        cases: Sequence[Case], specs: Sequence[ComparatorSpec]) -> list[Control]:
+        """Every comparator's own controls (:mod:`harness.controls`), in memory: a page comparator's
+        planted in a perfect restore of each case's real captured pages, the others in the goldens."""
         out: list[Control] = []
-        written: dict[Any, bytes] = {}
-        for ev in evs.values():
-            for ref in ev.expected:
-                w = ev.written.get(ref.id)
-                if w is not None and ref.id not in written:
-                    try:
-                        written[ref.id] = w.read()
-                    except CaptureError:
-                        continue
-        refs = {ref.id: ref for ev in evs.values() for ref in ev.expected}
-
-        def judge(w: Mapping[Any, bytes], r: Mapping[Any, bytes]) -> str:
-            wp = {k: MemoryPage(refs[k], digest_bytes(v), v) for k, v in w.items()}
-            rp = [MemoryPage(refs[k], digest_bytes(v), v) for k, v in r.items()]
-            res = judge_pages([refs[k] for k in w], wp, rp, {})
-            return "pass" if all(j.kind == "equal" for j in res) else "fail"
-
-        if "byte_equal" in spec_names:
-            out += page_controls("byte_equal", judge, written)
-        if "kv_hits" in spec_names:
-            best = max(evs.values(), key=lambda e: e.expected_hit, default=None)
-            if best is not None and best.expected_hit:
-                case = next(c for c in cases if c.id == best.case_id)
-                v = KVHits(self.suite).judge_kv(case, replace(best, engine_cached=0))
-                out.append(Control("kv_hits", "engine reports 0 cached tokens (silent recompute)", "fail",
-                                   v.status, v.status == "fail", v.summary))
-                half = best.restored[: len(best.restored) // 2]
-                v = KVHits(self.suite).judge_kv(case, replace(best, restored=half))
-                out.append(Control("kv_hits", "half the claimed pages never restored", "fail",
-                                   v.status, v.status == "fail", v.summary))
-        for name in spec_names - {"byte_equal", "kv_hits"}:
-            from harness import compare
-
-            comp = compare.build(name, {}, self.decode) if name != "strict" else Strict(self.decode)
-            out += run_controls(comp, cases, golden)
+        for spec in specs:
+            unit = compare.unit(spec.name)
+            subjects = evs if unit.subject == "pages" else golden
+            out += run_controls(self.comparator(spec.name, spec.params), unit.controls, cases, subjects)
         return out
 
 

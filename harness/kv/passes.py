@@ -59,7 +59,8 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
                                "passes": list(passes), **({"observe": dict(observe)} if observe else {})},
                               indent=1))
     done = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
-                      timeout_s, engine_env(repo_on_path=True), cwd=folder)
+                      timeout_s, engine_env(repo_on_path=True), cwd=folder,
+                      label=f"KV {name} engine ({model.name})")
     rc, timed_out = done.returncode, done.timed_out
     lines = result_lines(res)
     head = lines[0] if lines else {}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.api import Case, EngineInfo, Output, Verdict
+from harness.api import Case, EngineInfo, Output, Verdict, failure_verdicts
 from harness.compare.byte_equal import summary_line
 from harness.kv.config import STORE_CLASS, STORE_MODULE, TAP_CLASS, TAP_MODULE, ConnectorSpec
 from harness.kv.judge import Judge, figures
@@ -143,22 +143,21 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
     failed = prod if not prod.ok else (cons if cons is not None and not cons.ok else None)
     if failed is not None or cons is None:
         assert failed is not None
-        first = failed.reason.splitlines()[0][:140] if failed.reason else "failed"
-        detail = f"{failed.reason}\n--- {failed.name} engine log tail ---\n{failed.tail()}"
-        status = "skip" if failed.skipped else "error"
-        verdicts += [Verdict(c.id, s.name, status, f"{failed.name} engine: {first}", detail=detail,
-                             evidence={"phase": failed.name}) for s in suite.comparators for c in cases]
+        verdicts += failure_verdicts([s.name for s in suite.comparators], [c.id for c in cases],
+                                     "skip" if failed.skipped else "error", failed.reason or "failed",
+                                     failed.tail(), f"{failed.name} engine", {"phase": failed.name})
         extra["engine_skip" if failed.skipped else "engine_error"] = failed.reason
     else:
         assert prod.capture is not None and cons.capture is not None
         evs = {c.id: judge.evidence(c, "clean", prod, cons) for c in cases}
         for spec in suite.comparators:
+            comp = judge.comparator(spec.name, spec.params)
             for c in cases:
-                verdicts.append(judge.verdict(spec.name, c, evs[c.id], golden.get(c.id), cons))
+                verdicts.append(judge.verdict(comp, c, evs[c.id], golden.get(c.id), cons))
         lane_controls, lanes = judge.lane_controls(control, control_lanes, prod, cons)
         controls += lane_controls
         extra["control_lanes"] = lanes
-        controls += judge.memory_controls(evs, golden, cases, spec_names={s.name for s in suite.comparators})
+        controls += judge.memory_controls(evs, golden, cases, suite.comparators)
         extra["figures"] = figures(prod, cons, judge, evs, cases, kv.timing_copies)
         extra["cases"] = {cid: ev.to_json() for cid, ev in evs.items()}
         setup = cons.capture.setup or prod.capture.setup or {}

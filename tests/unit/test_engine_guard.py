@@ -53,7 +53,7 @@ def _pids(path: Path, timeout: float = 30.0) -> list[int]:
 def test_an_engine_that_exits_leaving_a_child_is_cleaned_up_and_its_status_kept(tmp_path: Path) -> None:
     (tmp_path / "engine.py").write_text(ENGINE)
     pids = tmp_path / "pids"
-    done = run_engine([sys.executable, str(tmp_path / "engine.py"), str(pids), "leave"], tmp_path / "log", 60)
+    done = run_engine([sys.executable, str(tmp_path / "engine.py"), str(pids), "leave"], tmp_path / "log", 60, label="leave")
     assert done.returncode == 3 and not done.timed_out
     assert _gone(_pids(pids), timeout=1.0), "the engine's child outlived it"
 
@@ -62,7 +62,7 @@ def test_a_timeout_stops_the_whole_group(tmp_path: Path) -> None:
     (tmp_path / "engine.py").write_text(ENGINE)
     pids = tmp_path / "pids"
     t0 = time.monotonic()
-    done = run_engine([sys.executable, str(tmp_path / "engine.py"), str(pids), "hang"], tmp_path / "log", 3)
+    done = run_engine([sys.executable, str(tmp_path / "engine.py"), str(pids), "hang"], tmp_path / "log", 3, label="hang")
     assert done.timed_out and done.returncode == -9
     assert time.monotonic() - t0 < 30
     assert _gone(_pids(pids), timeout=1.0)
@@ -78,7 +78,7 @@ def test_no_engine_process_outlives_a_harness_stopped_by_a_signal(tmp_path: Path
         from pathlib import Path
         from harness.engines.procs import run_engine
         run_engine([{sys.executable!r}, {str(tmp_path / "engine.py")!r}, {str(pids)!r}, "hang"],
-                   Path({str(tmp_path / "log")!r}), 600)
+                   Path({str(tmp_path / "log")!r}), 600, label="hang")
         """)])
     engine = _pids(pids)
     group = group_members(os.getpgid(engine[0]))  # the engine, its child, and the guard
@@ -100,7 +100,7 @@ def test_sigterm_stops_a_whole_pytest_run_and_its_engines(tmp_path: Path) -> Non
 
         def test_one():
             run_engine([{sys.executable!r}, {str(tmp_path / "engine.py")!r}, {str(pids)!r}, "hang"],
-                       Path({str(tmp_path / "log")!r}), 600)
+                       Path({str(tmp_path / "log")!r}), 600, label="hang")
 
         def test_two():
             Path({str(tmp_path / "two-ran")!r}).write_text("yes")

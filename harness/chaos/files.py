@@ -26,6 +26,7 @@ from harness.chaos.launch import (
 )
 from harness.chaos.table import Row, scenario
 from harness.chaos.watch import GUARD, TreeWatch, broken_goldens, broken_records
+from harness.excerpt import LINE, clip
 from harness.workspace import REPO_ROOT
 
 TMPFS_KIB = 512
@@ -191,4 +192,4 @@ def sigterm_make_test(tmp: Path) -> Row:
                "nothing" if stopped else "the run went on", len(left), len(ran.watch.seen),
                (ran.after_s or 0.0) + gone_s, "s from SIGTERM until no process was left",
                ran.injected is not None and stopped and not left,
-               "\n".join(f"left: {pid} {cmd[:160]}" for pid, cmd in left))
+               "\n".join(f"left: {pid} {clip(cmd, LINE)}" for pid, cmd in left))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.chaos.watch import TreeWatch
+from harness.excerpt import NOTE, clip
 from harness.workspace import REPO_ROOT
 
 MODEL = "tiny-llama"
@@ -128,6 +129,6 @@ def last_error(output: str, root: Path | None = None) -> str:
         output = unwrapped(output).replace(str(root), "…")
     at = output.rfind("error:")
     if at >= 0:
-        return " ".join(unwrapped(output[at:]).split())[:220]
+        return clip(" ".join(unwrapped(output[at:]).split()), NOTE)
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    return (lines or ["(no output)"])[-1][:200]
+    return clip((lines or ["(no output)"])[-1], NOTE)

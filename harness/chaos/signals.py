@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.chaos.launch import MODEL, Ran, Sandbox, engine_up, harness, last_error, run, signal_harness
 from harness.chaos.table import Row, scenario
 from harness.chaos.watch import TreeWatch, broken_goldens, broken_records, broken_store
+from harness.excerpt import LINE, NOTE, clip
 
 SETTLE_S = 30.0
 """How long processes may take to go after the harness has exited (the guard's grace is 10 s)."""
@@ -43,7 +44,7 @@ def _finish(fault: str, injected: str, ran: Ran, sandbox: Sandbox, lost: list[st
                lost="; ".join(lost) or "nothing", left=len(left), seen=seen,
                seconds=(ran.after_s or 0.0) + gone_s, figure="s from the fault until no process was left",
                ok=ran.injected is not None and not left and not lost,
-               detail="\n".join(f"left: {pid} {cmd[:160]}" for pid, cmd in left))
+               detail="\n".join(f"left: {pid} {clip(cmd, LINE)}" for pid, cmd in left))
 
 
 def _signal_row(what: str, sig: signal.Signals, tmp: Path) -> Row:
@@ -111,10 +112,10 @@ def _one_record(sandbox: Sandbox, want: str, needle: str = "") -> tuple[list[str
     try:
         rec = load_record(paths[0])
     except RecordError as e:
-        return [str(e)[:200]], ""
+        return [clip(str(e), NOTE)], ""
     first = next((v.summary for v in rec.verdicts if v.status == want), "")
     said = " ".join(v.summary + v.detail for v in rec.verdicts)
     ok = rec.outcome == want and (not needle or needle in said)
     return ([] if ok else [f"the record's outcome is {rec.outcome}, expected {want}"
                            + (f" naming {needle!r}" if needle else "")]), \
-        f"record {rec.outcome}: {first[:120]}"
+        f"record {rec.outcome}: {clip(first, LINE)}"

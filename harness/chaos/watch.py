@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.engines.procs import pid_running
+from harness.excerpt import NOTE, clip, first_line
 
 POLL_S = 0.1
 GUARD = "engines/guard.py"
@@ -128,7 +129,7 @@ def broken_records(records: Path) -> list[str]:
         try:
             load_record(p)
         except RecordError as e:
-            out.append(str(e)[:200])
+            out.append(clip(str(e), NOTE))
     return out
 
 
@@ -141,7 +142,7 @@ def broken_goldens(goldens: Path, pairs: Iterable[tuple[str, str]]) -> list[str]
         try:
             read_golden(goldens / model / suite, model_name=model, suite_name=suite)
         except GoldenError as e:
-            out.append(str(e).splitlines()[0][:200])
+            out.append(first_line(str(e), NOTE))
     leftovers = [p.name for p in goldens.glob("*/.*") if not p.name.endswith(".lock")]
     return out + [f"a partial golden folder left behind: {n}" for n in leftovers]
 

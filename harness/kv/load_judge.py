@@ -29,9 +29,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.api import Case, Output, Verdict
+from harness.api import Case, Output, Verdict, failure_verdicts
 from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
+from harness.excerpt import INLINE, NOTE, clip, first_line
 from harness.invariance.tiers import Tiers, fault_controls
 from harness.kv.capture import CapturedPage, CaptureError
 from harness.kv.faults import read_planted
@@ -76,7 +77,7 @@ def bad_pages(restored: Sequence[CapturedPage], written: Mapping[Any, CapturedPa
         try:
             rb, wb = r.read(), w.read()
         except CaptureError as e:
-            bad.append({**_where(r), "kind": "unreadable", "reason": str(e)[:200]})
+            bad.append({**_where(r), "kind": "unreadable", "reason": clip(str(e), NOTE)})
             continue
         if rb != wb:
             bad.append({**_where(r), "kind": "differ", "offset": first_byte(wb, rb)})
@@ -169,14 +170,14 @@ def judge_load(requests: Sequence[Case], flips: Sequence[Case], prod: Phase, con
     failed = prod if not prod.ok else (cons if cons is not None and not cons.ok else None)
     if failed is not None or cons is None or prod.capture is None or cons.capture is None:
         ph = failed or cons or prod
-        first = ph.reason.splitlines()[0][:140] if ph.reason else "its capture could not be read"
+        reason = ph.reason or "its capture could not be read"
         status = "skip" if ph.skipped else "error"
-        detail = f"{ph.reason}\n--- {ph.name} engine log tail ---\n{ph.tail()}"
-        vs = [Verdict(c.id, g, status, f"{ph.name} engine: {first}", detail=detail)  # type: ignore[arg-type]
-              for g in GATES[:3] for c in requests]
-        vs.append(Verdict(EVIDENCE_CASE, EVIDENCE, status, f"{ph.name} engine: {first}", detail=detail))  # type: ignore[arg-type]
-        return Judged(tuple(vs), (), GATES, f"kv-load: {ph.name} engine {status}: {first}",
-                      {"engine_error": ph.reason})
+        who = f"{ph.name} engine"
+        facts = (status, reason, ph.tail(), who, {"phase": ph.name})
+        vs = failure_verdicts(GATES[:3], [c.id for c in requests], *facts)
+        vs += failure_verdicts([EVIDENCE], [EVIDENCE_CASE], *facts)
+        return Judged(tuple(vs), (), GATES, f"kv-load: {who} {status}: {first_line(reason, INLINE)}",
+                      {"engine_error": reason})
     from harness.engines.vllm import output_from_fields
 
     written: dict[Any, CapturedPage] = {}

@@ -98,9 +98,13 @@ def write_outputs(root: Path, rows: Sequence[tuple[str, Row]],
     if not doc.exists() or BEGIN not in doc.read_text():
         return path, None
     text = doc.read_text()
+    ran = {n for n, _ in rows}
+    unrun = [n for n in SCENARIOS.names() if n not in ran]
     head = (f"Measured at {facts['created']} on harness {(facts.get('sha') or 'no git')[:10]}"
             f"{' (dirty tree)' if facts.get('dirty') else ''}, {facts['machine']}; "
-            f"{sum(r.ok for _, r in rows)}/{len(rows)} rows: nothing lost, no process left.")
+            f"{sum(r.ok for _, r in rows)}/{len(rows)} rows: nothing lost, no process left."
+            + (f" Not run this time ({len(unrun)} of {len(ran) + len(unrun)} rows): "
+               f"{', '.join(f'`{n}`' for n in unrun)}." if unrun else ""))
     new = text[: text.index(BEGIN) + len(BEGIN)] + "\n" + markdown(rows, head) + text[text.index(END):]
     tmp = doc.with_name(".chaos.md.tmp")
     tmp.write_text(new)

@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -41,6 +41,8 @@ help:
 	@echo "make plant OUT=.cache/planted/x [MODEL=...] [LAYER=1] [SUB=mlp] [RELATIVE=1e-2]  a copy with one weight perturbed"
 	@echo "make show RECORD=... [MARKDOWN=1]                         a record as tables (or Markdown for a CI summary)"
 	@echo "make docs                                                 the documentation site (mkdocs, strict) into site/"
+	@echo "make chaos [ROWS=\"sigkill-during-kv ...\"]                 the fault table (docs/chaos.md), printed and written"
+	@echo "make kv-load [MODELS=\"tiny-llama smollm2-135m\"]            the KV round trip under load: one record per model"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
 # DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
@@ -152,3 +154,15 @@ plant: venv
 # missing from the nav, fails it. tests/unit/test_docs.py runs the same build in `make test`.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+
+# The fault table (docs/chaos.md): faults injected into the harness on the real pinned vLLM, in
+# private workspaces; prints what was injected, what the harness did, what was lost, what was left,
+# and writes reports/chaos/<time>_<sha>.json and the table in docs/chaos.md. Opt-in: 30-60 minutes
+# on 2 cores (one engine start per row but two). `python -m harness.chaos --list` names the rows.
+chaos: venv
+	$(BIN)/python -m harness.chaos $(ROWS)
+
+# The KV round trip under load (suite kv_load, docs/kv-load.md): one record per model. Opt-in: minutes.
+KV_LOAD_MODELS ?= tiny-llama smollm2-135m
+kv-load: venv
+	for m in $(or $(MODELS),$(KV_LOAD_MODELS)); do $(BIN)/harness gate --model $$m --suite kv_load || exit 1; done

@@ -110,6 +110,11 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return None
     comp = raw.get("compare")
+    kv = raw.get("kv")
+    if isinstance(kv, dict) and isinstance(kv.get("load"), dict):  # the KV load lane names its own
+        from harness.kv.settings import LOAD_VERDICTS
+
+        return list(LOAD_VERDICTS)
     if raw.get("kind") == "invariance":  # its verdicts are named per variant and tier
         from harness.invariance.settings import verdict_names
 

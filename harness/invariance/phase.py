@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from harness.engines.vllm_worker import _score, exit_without_teardown, output_fields, start_llm, write_line
@@ -43,14 +44,14 @@ COUNTERS = ("vllm:num_preemptions", "vllm:spec_decode_num_drafts", "vllm:spec_de
 """vLLM's counters an invariance variant needs as evidence (its Prometheus names)."""
 
 
-def read_counters(llm: Any) -> dict[str, float] | str:
-    """The counters in :data:`COUNTERS` now, summed over their labels, or why they cannot be read
+def read_counters(llm: Any, names: Sequence[str] = COUNTERS) -> dict[str, float] | str:
+    """The counters (or gauges) ``names`` now, summed over their labels, or why they cannot be read
     (an engine started with ``disable_log_stats=True`` keeps none)."""
     try:
         metrics = llm.get_metrics()
     except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
         return f"{type(e).__name__}: {e}"
-    out = dict.fromkeys(COUNTERS, 0.0)
+    out = dict.fromkeys(names, 0.0)
     for m in metrics:
         if m.name in out and isinstance(getattr(m, "value", None), int | float):
             out[m.name] += float(m.value)

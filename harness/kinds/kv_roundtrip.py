@@ -69,8 +69,12 @@ class KVRoundTrip:
         from harness.kv.config import load_connector_class, parse_connector
         from harness.kv.settings import KVSettings
 
-        KVSettings.from_suite(req.suite)  # a malformed [kv] table is bad input, before any engine starts
+        kv = KVSettings.from_suite(req.suite)  # a malformed [kv] table is bad input, before any engine starts
         release = release_of(req.candidate)
+        if kv.load is not None and req.connector:
+            raise SuiteError(f"{req.suite.path}: the load lane ([kv.load]) runs the harness store; a "
+                             f"third-party connector ({req.connector}) is not run under load yet: use "
+                             f"suite kv_roundtrip for it")
         spec = parse_connector(req.connector) if req.connector else None
         if spec is not None and release is None:
             load_connector_class(spec)  # an unknown module or class is named now, not inside vLLM
@@ -91,14 +95,21 @@ class KVRoundTrip:
         return Prepared(golden, spec, timings, release, venv)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Any:
+        from harness.kv.load import run_load
         from harness.kv.roundtrip import run_roundtrip
+        from harness.kv.settings import KVSettings
 
         stamp = now_utc().replace(":", "").replace("-", "")
         run_dir = ws.runs / f"kv-{stamp}-{req.suite.name}-{req.model.slug}-{secrets.token_hex(3)}"
+        python = str(prepared.venv.python) if prepared.venv is not None else None
+        kv = KVSettings.from_suite(req.suite)
         t0 = time.perf_counter()
-        rt = run_roundtrip(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir,
-                           prepared.connector, req.model.decode,
-                           python=str(prepared.venv.python) if prepared.venv is not None else None)
+        if kv.load is not None:  # the load lane: many requests in flight, the harness store
+            rt = run_load(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir, kv,
+                          req.model.decode, python=python)
+        else:
+            rt = run_roundtrip(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir,
+                               prepared.connector, req.model.decode, python=python)
         return rt, time.perf_counter() - t0
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Any) -> Judgement:

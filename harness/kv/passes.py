@@ -35,6 +35,8 @@ class Phase:
     """What :mod:`harness.kv.compat` adapted to the release this phase ran on."""
     skipped: bool = False
     """The release lacks a hook the gate needs (``reason`` names it): a skip, not an error."""
+    observed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Pass -> what :mod:`harness.kv.observe` saw (counters, peaks, KV-cache events), when asked."""
 
     def row(self, pass_name: str, case: str, lane: str) -> Mapping[str, Any] | None:
         return next((r for r in self.rows if r["pass"] == pass_name and r["case"] == case
@@ -46,19 +48,21 @@ class Phase:
 
 def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any], sampling: Sampling,
               passes: Sequence[Mapping[str, Any]], capture_dir: Path,
-              timeout_s: float = PHASE_TIMEOUT_S, python: str | None = None) -> Phase:
+              timeout_s: float = PHASE_TIMEOUT_S, python: str | None = None,
+              observe: Mapping[str, Any] | None = None) -> Phase:
     """Start one engine in a child process group (under ``python``: a vLLM release's venv, else this
-    interpreter), run ``passes``, read its capture back."""
+    interpreter), run ``passes`` (``observe``: see :mod:`harness.kv.phase`), read its capture back."""
     folder.mkdir(parents=True, exist_ok=True)
     req, res = folder / f"{name}.request.json", folder / f"{name}.result.jsonl"
     log = folder / f"{name}.engine.log"
     req.write_text(json.dumps({"model": model.path, "engine": dict(engine), "sampling": sampling.to_json(),
-                               "passes": list(passes)}, indent=1))
+                               "passes": list(passes), **({"observe": dict(observe)} if observe else {})},
+                              indent=1))
     done = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
                       timeout_s, engine_env(repo_on_path=True), cwd=folder,
                       label=f"KV {name} engine ({model.name})")
     rc, timed_out = done.returncode, done.timed_out
-    lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
+    lines = result_lines(res)
     head = lines[0] if lines else {}
     capture = None
     if capture_dir.is_dir():
@@ -76,7 +80,25 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
         return Phase(name, False, reason, str(compat.get("vllm", "")), {}, (), capture, log, compat,
                      skipped=head.get("kind") == "skip")
     return Phase(name, True, "", str(head.get("version", "")), dict(head.get("timings", {})),
-                 tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log, compat)
+                 tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log, compat,
+                 observed=dict(head.get("observed") or {}))
+
+
+def result_lines(path: Path) -> list[dict[str, Any]]:
+    """The phase's result lines; a line cut short (an engine killed while writing it) ends them."""
+    out: list[dict[str, Any]] = []
+    if not path.exists():
+        return out
+    for text in path.read_text(errors="replace").splitlines():
+        if not text.strip():
+            continue
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError:
+            break
+        if isinstance(d, dict):
+            out.append(d)
+    return out
 
 
 def merge_compat(phases: Sequence[Phase]) -> dict[str, Any]:

@@ -12,10 +12,14 @@ Each pass is one ``generate`` call with every request batched; requests carry th
 in ``SamplingParams.extra_args["harness_kv"]`` and may skip reading any cache
 (``skip_reading_prefix_cache``) to produce a reference generation inside the same engine.
 
+A pass with ``"mode": "alone"`` sends its requests one at a time (the reference a load pass is
+judged against). With ``"observe": {"events": "ipc://..."}`` every pass is observed
+(:mod:`harness.kv.observe`: vLLM's counters, peak requests in flight, KV-cache events).
+
 RESULT.jsonl: ``{"kind": "meta", "version", "timings": {"engine_start_s", "pass_<name>_s", ...},
-"compat": {...}}`` (what :mod:`harness.kv.compat` adapted to the installed vLLM), then one
-``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per
-request, then ``{"kind": "end"}``. A start failure writes
+"compat": {...}, "observed": {pass: {...}}}`` (``compat``: what :mod:`harness.kv.compat` adapted to
+the installed vLLM), then one ``{"kind": "case", "pass", "case", "lane", "token_ids", ...,
+"num_cached_tokens"}`` per request, then ``{"kind": "end"}``. A start failure writes
 ``{"kind": "refused"|"error", "reason", "traceback"}`` and exits 3; a release that lacks a hook the
 gate needs writes ``{"kind": "skip", "reason", "compat"}`` (which hook, which release) and exits 3.
 """
@@ -25,8 +29,25 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from harness.engines.vllm_worker import exit_without_teardown, output_fields, start_llm, write_line
+
+
+@contextmanager
+def observing(llm: Any, events: Any, name: str, into: dict[str, dict[str, object]]) -> Iterator[None]:
+    """Observe the pass (counters, peaks, KV-cache events: :mod:`harness.kv.observe`) when the
+    request asked for it (``observe``), into ``into[name]``."""
+    if events is None:
+        yield
+        return
+    from harness.kv.observe import PassObserver
+
+    with PassObserver(llm, events) as obs:
+        yield
+    into[name] = obs.result()
 
 
 def main(request_path: str, result_path: str) -> int:
@@ -40,6 +61,12 @@ def main(request_path: str, result_path: str) -> int:
             write_line(out, {"kind": "skip", "compat": compat.to_json(),
                              "reason": f"vLLM {compat.version} lacks {', '.join(compat.missing)}"})
             return 3
+        events = None
+        if (endpoint := (req.get("observe") or {}).get("events")) is not None:
+            from harness.kv.observe import EventCounts
+
+            events = EventCounts(endpoint)  # subscribed before the engine publishes its first event
+        observed: dict[str, dict[str, object]] = {}
         t0 = time.perf_counter()
         llm = start_llm({**req, "engine": engine}, out)
         if llm is None:
@@ -66,15 +93,22 @@ def main(request_path: str, result_path: str) -> int:
             if not prompts:
                 continue
             t1 = time.perf_counter()
-            results = llm.generate(prompts, params, use_tqdm=False)
+            with observing(llm, events, p["name"], observed):
+                if p.get("mode") == "alone":  # one request at a time: the reference for a load pass
+                    results = [llm.generate([q], [sp], use_tqdm=False)[0]
+                               for q, sp in zip(prompts, params, strict=True)]
+                else:
+                    results = llm.generate(prompts, params, use_tqdm=False)
             timings[f"pass_{p['name']}_s"] = time.perf_counter() - t1
             ran = [r for r in p["requests"] if skip_option or not r.get("skip_reading")]
             for r, res in zip(ran, results, strict=True):
                 rows.append({"kind": "case", "pass": p["name"], "case": r["case"],
                              "lane": r.get("lane", "clean"), **output_fields(res, k)})
         cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
+        if events is not None:
+            events.close()
         write_line(out, {"kind": "meta", "version": vllm.__version__, "timings": timings,
-                         "compat": compat.to_json(),
+                         "compat": compat.to_json(), **({"observed": observed} if observed else {}),
                      "block_size": getattr(cache, "block_size", None),
                      "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None)})
         for row in rows:

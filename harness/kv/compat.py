@@ -3,6 +3,9 @@
 Runs inside the engine's process (``harness.kv.phase``), under whichever vLLM release that process
 imports, and answers by looking at that release's own classes, never at a version string:
 
+* which name the wrapped connector has in this release: vLLM renamed some
+  (:data:`harness.kv.config.RENAMED`: ``SharedStorageConnector`` became ``ExampleConnector``), so a
+  spec naming one keeps meaning the same connector; the tap wraps the name this release can import;
 * which tap class to name: the one that declares hybrid-memory-allocator support when the wrapped
   connector does (``SupportsHMA`` / ``supports_hma``), the plain one otherwise or where the release
   has no such marker;
@@ -27,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.kv.config import HARNESS_KEY, TAP_CLASS, TAP_CLASS_HMA, TAP_MODULE
+from harness.kv.config import HARNESS_KEY, TAP_CLASS, TAP_CLASS_HMA, TAP_MODULE, ConnectorSpec, aliases
 
 BASE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 REQUIRED_HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
@@ -101,6 +104,7 @@ def adapt(engine: Mapping[str, Any]) -> tuple[dict[str, Any], Adapted]:
             del transfer[key]
         if transfer.get("kv_connector") in (TAP_CLASS, TAP_CLASS_HMA) and \
                 transfer.get("kv_connector_module_path") == TAP_MODULE:
+            _wrapped_name(transfer, got)
             transfer["kv_connector"] = _tap_class(transfer, base, got)
         out["kv_transfer_config"] = transfer
     return out, got
@@ -119,3 +123,32 @@ def _tap_class(transfer: Mapping[str, Any], base: Any, got: Adapted) -> str:
     except (ImportError, AttributeError):
         return TAP_CLASS  # the tap itself refuses, naming module and class
     return TAP_CLASS_HMA if isinstance(inner, type) and issubclass(inner, marker) else TAP_CLASS
+
+
+def _importable(spec: ConnectorSpec) -> bool:
+    try:
+        return isinstance(getattr(importlib.import_module(spec.module), spec.cls, None), type)
+    except ImportError:
+        return False
+
+
+def _wrapped_name(transfer: dict[str, Any], got: Adapted) -> None:
+    """Point the tap at the name the installed release gives the wrapped connector (in place)."""
+    extra = dict(transfer.get("kv_connector_extra_config") or {})
+    harness = dict(extra.get(HARNESS_KEY) or {})
+    tap = dict(harness.get("tap") or {})
+    want = ConnectorSpec(str(tap.get("module", "")), str(tap.get("class", "")))
+    others = aliases(want)
+    if not others or _importable(want):
+        return
+    here = next((a for a in others if _importable(a)), None)
+    got.offers[f"connector {want.cls}"] = False
+    if here is None:
+        return  # the tap itself refuses, naming module and class
+    got.offers[f"connector {here.cls}"] = True
+    got.notes.append(f"vLLM {got.version} has no {want.cls} ({want.module}); the same connector is "
+                     f"{here.cls} ({here.module}) here: the tap wraps that")
+    tap.update({"module": here.module, "class": here.cls})
+    harness["tap"] = tap
+    extra[HARNESS_KEY] = harness
+    transfer["kv_connector_extra_config"] = extra

@@ -69,6 +69,60 @@ def test_compat_leaves_out_a_transfer_field_the_release_lacks_and_says_so() -> N
     assert got.to_json()["offers"]["KVTransferConfig.kv_made_up_policy"] is False
 
 
+OLD_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.shared_storage_connector"
+NEW_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
+
+
+def _wrapped(engine: dict) -> dict:
+    return engine["kv_transfer_config"]["kv_connector_extra_config"]["harness"]["tap"]
+
+
+def test_a_renamed_connector_keeps_its_meaning_on_a_release_that_has_the_other_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM renamed SharedStorageConnector to ExampleConnector. Planted: the installed release offers
+    only the old module and name (as vLLM before the rename did); the spec naming ExampleConnector is
+    pointed at SharedStorageConnector, and the record's notes say so. On the real installed release
+    the old name means ExampleConnector."""
+    import sys
+    import types
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    from harness.kv.compat import adapt
+    from harness.kv.config import parse_connector
+
+    assert parse_connector("SharedStorageConnector") == parse_connector("ExampleConnector")
+    engine, got = adapt({**_tap_engine(), "kv_transfer_config": {
+        **_tap_engine()["kv_transfer_config"], "kv_connector_extra_config": {"harness": {"tap": {
+            "module": OLD_MODULE, "class": "SharedStorageConnector"}}}}})
+    assert _wrapped(engine) == {"module": NEW_MODULE, "class": "ExampleConnector"}
+    assert any("has no SharedStorageConnector" in n for n in got.notes)
+
+    old = types.ModuleType(OLD_MODULE)
+    old.SharedStorageConnector = type("SharedStorageConnector", (ExampleConnector,), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, OLD_MODULE, old)
+    monkeypatch.setitem(sys.modules, NEW_MODULE, None)  # `import` of it now fails, as before the rename
+    asked = _tap_engine()
+    engine, got = adapt(asked)
+    assert _wrapped(engine) == {"module": OLD_MODULE, "class": "SharedStorageConnector"}
+    assert _wrapped(asked) == {"module": NEW_MODULE, "class": "ExampleConnector"}  # the input is not changed
+    assert any(n.endswith(f"has no ExampleConnector ({NEW_MODULE}); the same connector is SharedStorageConnector "
+                          f"({OLD_MODULE}) here: the tap wraps that") for n in got.notes)
+    assert got.offers["connector ExampleConnector"] is False and got.offers["connector SharedStorageConnector"]
+
+
+def test_a_connector_no_release_name_reaches_is_left_for_the_tap_to_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from harness.kv.compat import adapt
+
+    monkeypatch.setitem(sys.modules, NEW_MODULE, None)
+    monkeypatch.setitem(sys.modules, OLD_MODULE, None)
+    engine, got = adapt(_tap_engine())
+    assert _wrapped(engine) == {"module": NEW_MODULE, "class": "ExampleConnector"}
+    assert got.offers["connector ExampleConnector"] is False and not got.notes
+
+
 def test_a_release_without_a_needed_hook_is_a_named_skip(monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
     """Planted: the base class loses wait_for_layer_load (as an older API might). The phase writes a

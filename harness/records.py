@@ -26,6 +26,10 @@ SCHEMA = 2
 record kinds are gate kind names. Schema-1 records are read as schema 2 (:func:`upgrade`)."""
 KIND_ALIASES = {"gate": "parity", "kv": "kv_roundtrip"}
 """Record kinds written before gate kinds had the suite kinds' names."""
+SUMMARY_KINDS = frozenset({"bisect", "repin"})
+"""Record kinds that summarise other records or a what-if (``harness bisect``: its steps are gate
+records of their own; ``harness repin``: goldens of another release beside the committed ones)
+rather than judge one engine run: FEATURES.md and SUPPORTED_MODELS.md cells never show them."""
 RECORDED_ORACLE = "recorded_oracle_"
 """Prefix of the timings copied from the goldens' manifest: the oracle's engine start and generate
 times *when the goldens were recorded*, not in this run."""

@@ -312,6 +312,8 @@ KIND_RULES: Mapping[str, Rule] = {
     "kv_roundtrip": oracle_reasons,
     "ab": reference_reasons,
     "invariance": invariance_reasons,
+    "bisect": oracle_reasons,  # its steps were judged against these goldens (harness.bisect)
+    "repin": oracle_reasons,  # a what-if beside these goldens, or the goldens it moved in (harness.repin)
 }
 """Record kind -> its own staleness rule (after the candidate and harness rules every record has)."""
 

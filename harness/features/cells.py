@@ -16,7 +16,7 @@ from typing import Literal
 from harness.controls import failed_positive, vacuous_reasons
 from harness.features.catalog import Catalog, Column, Row
 from harness.features.sources import Broken, Loaded, newest_first, slug_matches, spec_matches, superseded
-from harness.records import Record
+from harness.records import SUMMARY_KINDS, Record
 from harness.staleness import Current, oracle_reasons, staleness
 from harness.workspace import Workspace
 
@@ -152,7 +152,8 @@ class Judge:
     def __init__(self, ws: Workspace, catalog: Catalog, records: Sequence[Loaded],
                  broken: Sequence[Broken] = ()) -> None:
         self.ws, self.catalog = ws, catalog
-        self.records, self.broken = list(records), list(broken)
+        self.records = [lr for lr in records if lr.record.kind not in SUMMARY_KINDS]
+        self.broken = list(broken)
         repos = {c.candidate: c.repo for c in catalog.columns if c.repo is not None}
         for r in catalog.rows:
             for k, spec in r.candidates.items():

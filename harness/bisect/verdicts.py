@@ -12,6 +12,7 @@ skipped, with the record's own reason, and never counted as like or unlike the r
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,9 +95,22 @@ def not_judged(rec: Record) -> str | None:
         return "vacuous: " + "; ".join(map(str, rec.extra.get("vacuous") or [rec.summary]))[:300]
     if not any(v.status in JUDGED for v in rec.verdicts):
         first = next((v for v in rec.verdicts if v.status == "error"), None)
-        why = rec.extra.get("engine_error") or (first.summary if first else rec.summary)
-        return f"nothing judged ({rec.outcome}): {str(why).splitlines()[0][:300]}"
+        why = str(rec.extra.get("engine_error") or (first.summary if first else rec.summary)).splitlines()[0]
+        cause = root_cause(first.detail if first else "")
+        return f"nothing judged ({rec.outcome}): {why[:200]}" + (f"; root cause: {cause}" if cause else "")
     return None
+
+
+ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+)$")
+WRAPPERS = ("Engine core initialization failed",)
+"""Errors that only say that another one happened first (vLLM's engine core)."""
+
+
+def root_cause(log: str) -> str | None:
+    """The last ``SomeError: message`` of an engine log that is not a wrapper of another error."""
+    found = [f"{m.group(1)}: {m.group(2).strip()}" for line in log.splitlines()
+             if (m := ERROR_LINE.search(line)) and not any(w in line for w in WRAPPERS)]
+    return found[-1][:300] if found else None
 
 
 def observe(point: str, rec: Record, path: str, focus: Focus, wall_s: float,

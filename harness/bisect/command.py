@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.excerpt import INLINE, LINE, clip
+
 HELP = ("since when: the first vLLM release (or commit of a cmd: engine, --repo) whose verdicts differ "
         "from GOOD's; every step a record, one bisect record")
 
@@ -90,14 +92,14 @@ def print_bisect(rec: Any, path: Path, root: Path, console: Any) -> None:
     for s in b["steps"]:
         point = s["point"][:10] if len(s["point"]) == 40 else s["point"]
         t.add_row(str(s["n"]), point, s["state"], s["outcome"] or "—",
-                  s["record"] if s["runnable"] else s["reason"][:160], f"{s['wall_s']:.0f}")
+                  s["record"] if s["runnable"] else clip(s["reason"], LINE), f"{s['wall_s']:.0f}")
     console.print(t)
     if b["diff"]:
         d = Table(title=f"verdicts that differ: {b['result']['last_old']} -> {b['result']['first_new']}")
         for col in ("case", "comparator", "before", "after", "after, in words"):
             d.add_column(col)
         for x in b["diff"]:
-            d.add_row(x["case"], x["comparator"], x["before"], x["after"], x["after_summary"][:100])
+            d.add_row(x["case"], x["comparator"], x["before"], x["after"], clip(x["after_summary"], INLINE))
         console.print(d)
     c = b["cost"]
     console.print(f"{rec.summary}", highlight=False)

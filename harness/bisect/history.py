@@ -26,6 +26,7 @@ from pathlib import Path
 
 from harness.bisect import BisectError
 from harness.bisect.verdicts import Focus, Observation, observe, rel_path, unrun
+from harness.excerpt import NOTE, tail
 from harness.workspace import Workspace
 
 BUILD_TIMEOUT_S = float(os.environ.get("HARNESS_BISECT_BUILD_TIMEOUT_S", "1800"))
@@ -38,7 +39,7 @@ def git(repo: Path, *args: str, timeout: float = 120) -> str:
     except (OSError, subprocess.SubprocessError) as e:
         raise BisectError(f"git {' '.join(args)} in {repo}: {e}") from None
     if r.returncode != 0:
-        raise BisectError(f"git {' '.join(args)} in {repo} failed: {r.stderr.strip()[-300:]}")
+        raise BisectError(f"git {' '.join(args)} in {repo} failed: {tail(r.stderr.strip(), NOTE)}")
     return r.stdout.strip()
 
 
@@ -94,8 +95,7 @@ def build(checkout: Path, command: str, log: Path) -> str | None:
         why = f"the build exited with {proc.returncode}"
     if why is None:
         return None
-    tail = log.read_text(errors="replace")[-LOG_TAIL:].strip()
-    return f"{why}; log tail: {tail!r}"
+    return f"{why}; log tail: {tail(log.read_text(errors='replace').strip(), LOG_TAIL)!r}"
 
 
 def history_probe(ws: Workspace, model: str, suite: str, repo: Path, candidate: str, *, focus: Focus,

@@ -26,6 +26,7 @@ from typing import Any
 
 from harness.bisect import BisectError
 from harness.engines.venvs import PACKAGE, venvs_root
+from harness.excerpt import LINE, NOTE, clip, tail
 from harness.features.cells import release_key
 from harness.provenance import now_utc
 
@@ -61,7 +62,7 @@ def parse_listing(text: str, package: str = PACKAGE) -> tuple[str, ...]:
             if found:
                 return found
     raise BisectError(f"`pip index versions {package}` answered without an 'Available versions:' line: "
-                      f"{text.strip()[-300:]!r}")
+                      f"{tail(text.strip(), NOTE)!r}")
 
 
 def query_pip(package: str = PACKAGE) -> str:
@@ -73,8 +74,8 @@ def query_pip(package: str = PACKAGE) -> str:
     except subprocess.TimeoutExpired:
         raise OSError(f"pip did not answer within {QUERY_TIMEOUT_S:.0f} s") from None
     if r.returncode != 0:
-        tail = " / ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
-        raise OSError(f"pip index versions {package} exited {r.returncode}: {tail}")
+        last = " / ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+        raise OSError(f"pip index versions {package} exited {r.returncode}: {last}")
     return r.stdout
 
 
@@ -152,7 +153,7 @@ def release_index(repo_root: Path, *, refresh: bool = False, package: str = PACK
     except (OSError, BisectError) as e:
         if cached is not None:
             return ReleaseIndex(package, cached.listed, cached.fetched,
-                                f"cache (the index could not be asked now: {str(e)[:160]})")
+                                f"cache (the index could not be asked now: {clip(str(e), LINE)})")
         raise BisectError(f"cannot list the {package} releases: {e}; no cached list either ({path.name} "
                           f"beside the release venvs). Check that pip reaches the package index "
                           f"(`pip index versions {package}`), then run the bisect again") from None

@@ -2,8 +2,8 @@
 
 It lives beside the steps' records (``reports/records/<model>/<suite>/``), written atomically like
 any record, and is of its own kind: it judges no engine, so FEATURES.md and SUPPORTED_MODELS.md never
-show it (:data:`harness.records.SUMMARY_KINDS`). Its ``oracle`` is the goldens every step was judged
-against, so it goes stale exactly when they would (:data:`harness.staleness.KIND_RULES`: the pin
+show it (:mod:`harness.kinds.summary`). Its ``oracle`` is the goldens every step was judged
+against, so it goes stale exactly when they would (its summary kind's rule: the pin
 moved, the goldens were re-recorded, the suite or the model changed), besides the harness SHA rule
 every record has.
 

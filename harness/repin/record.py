@@ -7,8 +7,8 @@ all, the estimate of a full re-record). ``extra.repin.what_if`` is true unless t
 
 Its ``oracle`` is the goldens it stands beside: the committed ones for a what-if (so it goes stale as
 soon as they are re-recorded or the pin moves: it then no longer describes the tree), the ones it
-moved in for an accepted re-pin (:data:`harness.staleness.KIND_RULES`). It judges no engine run, so
-the pages never show it (:data:`harness.records.SUMMARY_KINDS`).
+moved in for an accepted re-pin (its summary kind's rule, :mod:`harness.kinds.summary`). It judges
+no engine run, so the pages never show it (:func:`harness.kinds.is_summary`).
 """
 
 from __future__ import annotations

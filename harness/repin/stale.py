@@ -4,7 +4,7 @@ The page generator judges the records twice: against the tree as it is, and agai
 — the pin is the new release and the re-recorded golden sets have the new goldens' checksums
 (:class:`WhatIf`, a :class:`harness.staleness.Current` that answers those two questions otherwise).
 A cell that is not ⌛ now and is ⌛ then is listed with the generator's own reason; the staleness
-rules are the ones the pages use (:data:`harness.staleness.KIND_RULES`), so a record kind added
+rules are the ones the pages use (:func:`harness.kinds.staleness`), so a record kind added
 later is covered by its own rule.
 """
 

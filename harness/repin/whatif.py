@@ -22,12 +22,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.api import Verdict
-from harness.controls import guard, suite_controls
+from harness.controls import suite_controls
 from harness.goldens import Golden, golden_dir, read_golden, staleness
 from harness.models import ModelRef, resolve_model
 from harness.oracle import load_or_record, record_goldens
 from harness.pin import OraclePin, oracle_pin
-from harness.records import Control, outcome_of
+from harness.records import Control, guard, outcome_of
 from harness.repin import RepinError
 from harness.suites import ComparatorSpec, Suite, find_suite
 from harness.workspace import Workspace

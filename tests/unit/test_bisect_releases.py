@@ -17,9 +17,10 @@ from harness.bisect.index import ReleaseIndex
 from harness.bisect.run import bisect_releases
 from harness.features import generate
 from harness.goldens import golden_dir, read_golden
+from harness.kinds import staleness
 from harness.models import resolve_model
 from harness.records import load_record
-from harness.staleness import Current, staleness
+from harness.staleness import Current
 from harness.workspace import Workspace
 
 from .features_kit import commit, make_git_workspace

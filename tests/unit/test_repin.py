@@ -14,13 +14,14 @@ import pytest
 
 from harness.api import EngineInfo
 from harness.goldens import Golden, golden_dir, read_golden, write_golden
+from harness.kinds import staleness
 from harness.models import ModelRef
 from harness.oracle import ORACLE
 from harness.pin import OraclePin
 from harness.records import load_record
 from harness.repin import RepinError
 from harness.repin.run import repin
-from harness.staleness import Current, staleness
+from harness.staleness import Current
 from harness.suites import Suite
 from harness.workspace import REPO_ROOT, Workspace
 

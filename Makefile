@@ -147,7 +147,8 @@ bisect: venv
 	$(BIN)/harness bisect --model '$(MODEL)' --suite '$(SUITE)' --good '$(GOOD)' --bad '$(BAD)' \
 		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(ONLY),--only '$(ONLY)') \
 		$(if $(REPO),--repo '$(REPO)' --candidate '$(CANDIDATE)') $(if $(BUILD),--build '$(BUILD)') \
-		$(if $(filter 1,$(REMOVE_VENVS)),--remove-venvs)
+		$(if $(filter 1,$(REMOVE_VENVS)),--remove-venvs) $(if $(filter 1,$(REUSE)),--reuse-records) \
+		$(if $(filter 1,$(INSTALLED_ONLY)),--installed-only)
 
 # What a re-pin changes (docs/bisect.md): VLLM=<one release>; MODELS / SUITES narrow the golden sets
 # (default: every committed one). Nothing in the tree changes but what-if records unless ACCEPT=1.

@@ -47,6 +47,10 @@ def bisect_args(p: argparse.ArgumentParser) -> None:
                    help="ask the package index now, not the cached list")
     p.add_argument("--remove-venvs", action="store_true",
                    help="delete each release venv this bisect had to install once its step is over")
+    p.add_argument("--reuse-records", action="store_true",
+                   help="read a step from a current record of that release already in the tree, not run it")
+    p.add_argument("--installed-only", action="store_true",
+                   help="skip (never install) a release whose venv is not installed yet; the skip is named")
 
 
 def cmd_bisect(a: argparse.Namespace, ws: Any) -> int:
@@ -73,7 +77,7 @@ def cmd_bisect(a: argparse.Namespace, ws: Any) -> int:
             done = bisect_releases(ws, a.model, a.suite, a.good, a.bad, connector=a.connector, only=a.only,
                                    concurrency=a.concurrency, with_rebuilds=a.with_rebuilds,
                                    refresh_index=a.refresh_index, remove_venvs=a.remove_venvs,
-                                   progress=progress)
+                                   reuse=a.reuse_records, installed_only=a.installed_only, progress=progress)
     except BisectError as e:
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2

@@ -71,6 +71,7 @@ def _finish(ws: Workspace, prepared: tuple[ModelRef, Suite, Golden, Focus, bool]
 def bisect_releases(ws: Workspace, model_name: str, suite_name: str, good: str, bad: str, *,
                     connector: str | None = None, only: str | None = None, concurrency: int | None = None,
                     with_rebuilds: bool = False, refresh_index: bool = False, remove_venvs: bool = False,
+                    reuse: bool = False, installed_only: bool = False,
                     index: ReleaseIndex | None = None, runner_for: RunnerFor | None = None,
                     progress: Progress = lambda s: None) -> Bisected:
     """The first vLLM release from ``good`` towards ``bad`` whose verdicts differ from ``good``'s."""
@@ -90,10 +91,11 @@ def bisect_releases(ws: Workspace, model_name: str, suite_name: str, good: str, 
     progress(f"{len(points)} {index.package} releases from {good} to {bad} ({index.said()})")
     probe = release_probe(ws, model_name, suite_name, kv=kv, focus=prepared[3], connector=connector,
                           concurrency=concurrency, runner_for=runner_for, remove_venvs=remove_venvs,
-                          progress=progress)
+                          reuse=reuse, installed_only=installed_only, progress=progress)
     return _finish(ws, prepared, points, probe, over="releases", label=f"vllm@{good}..{bad}{tail}",
                    asked={"over": "releases", "good": good, "bad": bad, "connector": connector,
-                          "with_rebuilds": with_rebuilds},
+                          "with_rebuilds": with_rebuilds, "reuse_records": reuse,
+                          "installed_only": installed_only},
                    environment={"index": {k: v for k, v in index.to_json().items() if k != "listed"}},
                    progress=progress)
 

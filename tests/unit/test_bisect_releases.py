@@ -159,3 +159,27 @@ def test_the_bisect_record_goes_stale_with_its_goldens_and_is_never_a_cell(ws: W
     assert done.path.relative_to(ws.root).as_posix() not in cited
     assert rec.id not in g.features and rec.id not in g.supported
     assert json.loads(done.path.read_text())["kind"] == "bisect"
+
+
+def test_steps_on_record_are_read_not_run_and_uninstalled_releases_are_not_installed(ws: Workspace) -> None:
+    first = bisect_releases(ws, "tiny-llama", "smoke", "1.0.0", "1.11.0", index=INDEX,
+                            runner_for=planted(ws, set(RELEASES[7:])))
+    commit(ws.root, "records")
+    ran: list[str] = []
+    golden = outputs(ws)
+
+    def runner(v: str) -> PlantedRelease:
+        ran.append(v)
+        return PlantedRelease(v, golden, v in RELEASES[7:], False)
+
+    again = bisect_releases(ws, "tiny-llama", "smoke", "1.0.0", "1.11.0", index=INDEX, reuse=True,
+                            runner_for=runner)
+    assert again.result.first_new == "1.7.0" and ran == []  # every step it needed is on record
+    steps, before = again.record.extra["bisect"]["steps"], first.record.extra["bisect"]["steps"]
+    assert [s["record"] for s in steps] == [s["record"] for s in before]
+    assert all(s["facts"] == {"reused": True} for s in steps)
+    # a release with no venv is skipped, never installed: both ends here, so nothing can be said
+    none = bisect_releases(ws, "tiny-llama", "smoke", "1.0.0", "1.11.0", index=INDEX, installed_only=True,
+                           runner_for=runner)
+    assert none.result.kind == "inconclusive" and ran == []
+    assert all("not installed here" in s["reason"] for s in none.record.extra["bisect"]["steps"])

@@ -51,14 +51,15 @@ def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin 
 
     ``pin``, ``engine`` and ``into`` record with another release instead (``harness repin``'s
     what-if: ``vllm@0.31.0`` into a scratch folder, never ``goldens/``)."""
+    other = {"engine": engine, "into": into} if engine is not None or into is not None else {}
     if into is not None:
-        return _record(ws, model, suite, pin, engine, into)
+        return _record(ws, model, suite, pin, **other)
     with recording(lock_path(ws.root, model.slug, suite.name)):
-        return _record(ws, model, suite, pin, engine, None)
+        return _record(ws, model, suite, pin, **other)
 
 
-def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None, engine: str | None,
-            into: Path | None) -> Golden:
+def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None, *, engine: str | None = None,
+            into: Path | None = None) -> Golden:
     pin = pin or oracle_pin()
     if engine is None and (why := oracle_available()) is not None:
         raise GoldenError(f"cannot record goldens for {model.name}/{suite.name}: {why}. "

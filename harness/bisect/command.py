@@ -108,6 +108,9 @@ def print_bisect(rec: Any, path: Path, root: Path, console: Any) -> None:
     c = b["cost"]
     console.print(f"{rec.summary}", highlight=False)
     builds = f"; builds {c['build_s']:.0f} s" if c.get("build_s") else ""
+    if c.get("records_reused") or c.get("not_installed"):
+        builds += (f"; {c['records_reused']} steps read from records, {c['not_installed']} releases "
+                   "not installed (not tried)")
     console.print(f"cost: {c['steps']} steps ({c['skipped']} skipped), {c['total_s']:.0f} s in all; "
                   f"{c['venvs_installed']} venvs installed ({c['install_s']:.0f} s), "
                   f"{c['venvs_reused']} reused{builds}", highlight=False)

@@ -75,7 +75,9 @@ def cost(r: Result) -> dict[str, Any]:
             "venvs_installed": len(new),
             "install_s": round(sum(float(v.get("install_s") or 0) for v in new), 1),
             "venvs_reused": sum(1 for v in installs if v and not v.get("installed_now")),
-            "build_s": round(sum(float(s.obs.facts.get("build_s") or 0) for s in r.steps), 1)}
+            "build_s": round(sum(float(s.obs.facts.get("build_s") or 0) for s in r.steps), 1),
+            "records_reused": sum(1 for s in r.steps if s.obs.facts.get("reused")),
+            "not_installed": sum(1 for s in r.steps if s.obs.facts.get("not_installed"))}
 
 
 def bisect_record(ws: Workspace, *, model: ModelRef, suite: Suite, golden: Golden, over: str, label: str,

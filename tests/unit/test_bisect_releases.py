@@ -178,8 +178,10 @@ def test_steps_on_record_are_read_not_run_and_uninstalled_releases_are_not_insta
     steps, before = again.record.extra["bisect"]["steps"], first.record.extra["bisect"]["steps"]
     assert [s["record"] for s in steps] == [s["record"] for s in before]
     assert all(s["facts"] == {"reused": True} for s in steps)
+    assert again.record.extra["bisect"]["cost"]["records_reused"] == len(steps)
     # a release with no venv is skipped, never installed: both ends here, so nothing can be said
     none = bisect_releases(ws, "tiny-llama", "smoke", "1.0.0", "1.11.0", index=INDEX, installed_only=True,
                            runner_for=runner)
     assert none.result.kind == "inconclusive" and ran == []
     assert all("not installed here" in s["reason"] for s in none.record.extra["bisect"]["steps"])
+    assert none.record.extra["bisect"]["cost"]["not_installed"] == 2

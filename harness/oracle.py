@@ -44,22 +44,30 @@ def oracle_available() -> str | None:
     return None if importlib.util.find_spec("vllm") else "vLLM is not installed in this environment"
 
 
-def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None = None) -> Golden:
+def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None = None, *,
+                   engine: str | None = None, into: Path | None = None) -> Golden:
     """Run the pinned oracle once over the whole suite and write goldens/<model>/<suite>/, under the
-    goldens' recording lock (a gate that wants them meanwhile waits, then reads what this wrote)."""
+    goldens' recording lock (a gate that wants them meanwhile waits, then reads what this wrote).
+
+    ``pin``, ``engine`` and ``into`` record with another release instead (``harness repin``'s
+    what-if: ``vllm@0.31.0`` into a scratch folder, never ``goldens/``)."""
+    other = {"engine": engine, "into": into} if engine is not None or into is not None else {}
+    if into is not None:
+        return _record(ws, model, suite, pin, **other)
     with recording(lock_path(ws.root, model.slug, suite.name)):
-        return _record(ws, model, suite, pin)
+        return _record(ws, model, suite, pin, **other)
 
 
-def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None) -> Golden:
+def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None, *, engine: str | None = None,
+            into: Path | None = None) -> Golden:
     pin = pin or oracle_pin()
-    if (why := oracle_available()) is not None:
+    if engine is None and (why := oracle_available()) is not None:
         raise GoldenError(f"cannot record goldens for {model.name}/{suite.name}: {why}. "
                           "Install the oracle with `make venv`, then "
                           + record_command(model.name, suite.name))
     cases = suite.build_cases(model.encode, model.limits)
     ws.runs.mkdir(parents=True, exist_ok=True)
-    runner = make_runner(pin.engine, model, RunnerContext(run_dir=ws.runs, name=ORACLE))
+    runner = make_runner(engine or pin.engine, model, RunnerContext(run_dir=ws.runs, name=ORACLE))
     t0 = time.perf_counter()
     try:
         with step(f"recording goldens {model.name}/{suite.name} with {pin.spec}"):
@@ -78,7 +86,7 @@ def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None)
     facts = runner.facts()
     timings = {**facts.timings, "record_wall_s": time.perf_counter() - t0}
     folder = write_golden(
-        golden_dir(ws.goldens, model, suite.name), model=model, suite=suite, cases=cases,
+        golden_dir(into or ws.goldens, model, suite.name), model=model, suite=suite, cases=cases,
         outputs=outputs, oracle=EngineInfo(ORACLE, info.engine, info.version, settings=info.settings),
         pin=pin, provenance={
             "harness_sha": git_sha(ws.root), "harness_dirty": git_dirty(ws.root),

@@ -21,7 +21,7 @@ from harness.distribution import FIGURES
 from harness.goldens import Golden
 from harness.kinds import KINDS, GateKind, GateRequest, Judgement
 from harness.kinds.base import Transform
-from harness.models import resolve_model
+from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
 from harness.records import (
@@ -80,6 +80,16 @@ def golden_provenance(golden: Golden) -> dict[str, Any]:
             "device": dict(m.get("device") or {})}
 
 
+def model_entry(model: ModelRef) -> dict[str, Any]:
+    """A record's ``model``: name, digest and the facts read from its checkpoint."""
+    return {"name": model.name, "digest": model.digest, **model_facts(model.path)}
+
+
+def suite_entry(suite: Suite, kind: str) -> dict[str, Any]:
+    """A record's ``suite``: name, version, digest and the kind that ran it."""
+    return {"name": suite.name, "version": suite.version, "digest": suite.digest, "kind": kind}
+
+
 def unguarded(j: Judgement) -> tuple[Control, ...]:
     """A gated comparator that judged something but ran no control cannot count as passed: one
     ``unguarded`` control per such comparator (the guard then makes the outcome vacuous)."""
@@ -128,12 +138,10 @@ def build_record(ws: Workspace, req: GateRequest, kind: GateKind, j: Judgement,
                                  "figures": {k: f"{rid}.{k}.png" for k in FIGURES}}
     if j.picture_names:
         extra["figures"] = {k: f"{rid}.{k}.png" for k in j.picture_names}
-    suite = dict(j.suite) if j.suite is not None else {
-        "name": req.suite.name, "version": req.suite.version, "digest": req.suite.digest}
+    suite = dict(j.suite) if j.suite is not None else suite_entry(req.suite, kind.name)
     return Record(
         id=rid, kind=kind.name, created=created,
-        model={"name": req.model.name, "digest": req.model.digest, **model_facts(req.model.path)},
-        suite={**suite, "kind": kind.name},
+        model=model_entry(req.model), suite={**suite, "kind": kind.name},
         oracle=oracle, candidate=j.candidate, harness={"sha": sha, "dirty": git_dirty(ws.root)},
         outcome=outcome, summary=summary, verdicts=j.verdicts, gates=j.gates, timings=timings,
         controls=controls, platform=platform_facts(), device=host, extra=extra)

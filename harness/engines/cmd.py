@@ -167,9 +167,15 @@ def tensor_reply(v: Any, rows: int, folder: Path) -> dict[str, np.ndarray]:
 
 
 class CmdRunner:
+    """``command`` runs in ``cwd`` (default: the harness's own) with ``{repo}`` replaced by ``cwd``;
+    ``sha``: the commit of the engine's own tree that ``command`` runs (``EngineInfo.sha``: the
+    record is then a per-SHA truth about that engine, as ``harness bisect --repo`` makes them)."""
+
     def __init__(self, command: str, model: ModelRef, name: str = "cmd", run_dir: Path | None = None,
-                 timeout_s: float = TIMEOUT_S) -> None:
+                 timeout_s: float = TIMEOUT_S, *, cwd: Path | None = None, sha: str | None = None) -> None:
         self.name = name
+        self.cwd = cwd
+        self.sha = sha
         self.model = model
         self.command = command
         try:
@@ -190,8 +196,10 @@ class CmdRunner:
         self.log_path: Path | None = None
 
     def info(self) -> EngineInfo:
-        return EngineInfo(self.name, "cmd", "unknown", settings={"command": self.command}, environment={
-            "timeout_s": self.timeout_s, "returncode": self.returncode, "problems": list(self.problems[:20])})
+        env = {"timeout_s": self.timeout_s, "returncode": self.returncode,
+               "problems": list(self.problems[:20])}
+        return EngineInfo(self.name, "cmd", "unknown", self.sha, settings={"command": self.command},
+                          environment=env)
 
     def facts(self) -> RunFacts:
         return RunFacts(timings=dict(self.timings), speed=self.speed, capabilities=self.capabilities)
@@ -213,13 +221,14 @@ class CmdRunner:
         wl_path.write_text(workload)
         self.log_path = work / "stderr.log"
         use_file = any("{workload}" in a for a in self.argv)
-        argv = [a.replace("{workload}", str(wl_path)).replace("{model}", self.model.path) for a in self.argv]
+        argv = [a.replace("{workload}", str(wl_path)).replace("{model}", self.model.path)
+                .replace("{repo}", str(self.cwd or ".")) for a in self.argv]
         env = {**os.environ, "HARNESS_MODEL": self.model.path, "PYTHONUNBUFFERED": "1"}
         t0 = time.perf_counter()
         with self.log_path.open("wb") as err:
             try:
                 proc = spawn(argv, stdin=subprocess.DEVNULL if use_file else subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=err, env=env)
+                             stdout=subprocess.PIPE, stderr=err, env=env, cwd=self.cwd)
             except OSError as e:
                 raise EngineFailed(f"{self.name}: cannot start {argv[0]!r}: {e}") from None
             why = ""

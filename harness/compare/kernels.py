@@ -25,14 +25,14 @@ raw logits do not overflow.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from typing import Any
 
 import numpy as np
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; full.py keeps the numpy path
-    numba = None  # type: ignore[assignment]
+numba: Any = None
+"""Imported on first use (:func:`compiled`): ``import harness.compare`` must not pay for it."""
 
 LOG_FLOOR = -69.0
 BLOCK = 512
@@ -192,35 +192,39 @@ def _rows(o, c, out, top) -> None:  # noqa: ANN001
         top[i, 1] = arg_c
 
 
-if numba is not None:
-    _strict = numba.njit(cache=True, boundscheck=False)
-    _fast = numba.njit(cache=True, boundscheck=False, fastmath={"reassoc", "nsz", "contract"})
-    _exp_scale, _first_at = _strict(_exp_scale), _strict(_first_at)
-    _exp_block = numba.njit(cache=True, boundscheck=False, fastmath={"contract"})(_exp_block)
-    _sums = _fast(_sums)
-    _block_max = _strict(_block_max)
-    _rows_kernel = numba.njit(parallel=True, cache=True, boundscheck=False)(_rows)
+_rows_kernel: Any = None
 
 
-def _compiled_rows():  # noqa: ANN202
-    """The row kernel (compiled on first call, cached on disk beside this module); None without numba.
+def compiled() -> Any:
+    """The row kernel, compiled on first call (and cached on disk beside this module); None
+    without numba. Replaces this module's helper functions by their compiled versions, which the
+    kernel calls (and tests may call directly).
 
     numba's ``workqueue`` threads unless ``NUMBA_THREADING_LAYER`` says otherwise (see
     :func:`harness.compare.fused._compiled_kernel` for why)."""
-    if numba is None:
-        return None
-    if "NUMBA_THREADING_LAYER" not in os.environ:  # read at numba's first parallel launch
-        numba.config.THREADING_LAYER = "workqueue"
+    global numba, _rows_kernel, _block_max, _exp_block, _exp_scale, _sums, _first_at
+    if _rows_kernel is None and available():
+        import numba as nb
+
+        numba = nb
+        if "NUMBA_THREADING_LAYER" not in os.environ:  # read at numba's first parallel launch
+            nb.config.THREADING_LAYER = "workqueue"
+        strict = nb.njit(cache=True, boundscheck=False)
+        _block_max, _exp_scale, _first_at = strict(_block_max), strict(_exp_scale), strict(_first_at)
+        _exp_block = nb.njit(cache=True, boundscheck=False, fastmath={"contract"})(_exp_block)
+        _sums = nb.njit(cache=True, boundscheck=False, fastmath={"reassoc", "nsz", "contract"})(_sums)
+        _rows_kernel = nb.njit(parallel=True, cache=True, boundscheck=False)(_rows)
     return _rows_kernel
 
 
 def available() -> bool:
-    return numba is not None
+    """numba is installed (checked without importing it)."""
+    return numba is not None or importlib.util.find_spec("numba") is not None
 
 
 def full_rows(o: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``([n, 7] float64 sums, [n, 2] int64 tops)`` of two ``[n, V]`` arrays (see :func:`_rows`)."""
-    kern = _compiled_rows()
+    kern = compiled()
     if kern is None:
         raise RuntimeError("numba is not installed: use harness.compare.full's numpy path")
     o, c = np.ascontiguousarray(o), np.ascontiguousarray(c)

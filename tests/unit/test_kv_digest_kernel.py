@@ -1,8 +1,8 @@
 """The fused digest kernel's CPU twin and the digest-only capture.
 
 The Triton kernel runs here under Triton's interpreter (``TRITON_INTERPRET=1``, in a child process:
-the switch is read when the kernel is defined): its digests must equal the host digest of the same
-bytes bit for bit, for both cache layouts and for page and group counts that do not divide the
+the switch is read when the kernel is defined): its digests must equal the host's ``mx128`` digest of
+the same bytes bit for bit, for both cache layouts and for page and group counts that do not divide the
 tiles. tests/device/kv_capture_gpu.py runs the same source on a GPU.
 """
 
@@ -37,7 +37,7 @@ for dtype in (torch.bfloat16, torch.float32, torch.uint8):
     raw = torch.randint(0, 256, (13, 2, 4, 2, 16), dtype=torch.uint8, generator=g)  # 512-byte pages
     kv = raw.view(dtype)
     ids = [12, 0, 5, 7, 3, 11, 2]
-    want = [digest_bytes(kv[b].contiguous().view(torch.uint8).numpy().tobytes()) for b in ids]
+    want = [digest_bytes(kv[b].contiguous().view(torch.uint8).numpy().tobytes(), "mx128") for b in ids]
     for block, pages, unroll, partials in ((16, 3, False, False), (64, 8, True, False), (128, 16, False, True),
                                            (256, 5, True, True)):  # tiles and groups with tails, every variant
         s = fused_lane_sums(kv, ids, dt.layout_of(kv), block=block, pages=pages, num_warps=1, unroll=unroll,
@@ -46,8 +46,8 @@ for dtype in (torch.bfloat16, torch.float32, torch.uint8):
         out[f"{dtype}-{block}-{pages}-{unroll}-{partials}"] = got == want
     split = kv.transpose(0, 1).contiguous()  # [2, blocks, ...]: K and V of a block apart
     got = fused_digests(split, ids, dt.layout_of(split, 1))
-    out[f"{dtype}-split"] = got == [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes())
-                                    for b in ids]
+    out[f"{dtype}-split"] = got == [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes(),
+                                                 "mx128") for b in ids]
 kv = torch.randint(0, 256, (9, 1024), dtype=torch.uint8, generator=g)
 before = fused_digests(kv, list(range(9)), dt.layout_of(kv))
 kv[4, 777] ^= 0x10

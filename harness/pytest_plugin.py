@@ -31,9 +31,9 @@ from typing import Any
 
 import pytest
 
-from harness.controls import vacuates
 from harness.engines import ledger
 from harness.records import Record
+from harness.signals import interrupt_on_sigterm
 from harness.workspace import Workspace
 
 
@@ -54,7 +54,7 @@ def failure_report(rec: Record) -> str:
     lines = [f"gate {rec.outcome}: {rec.summary}"]
     lines += [v.detail or v.summary for v in rec.verdicts
               if v.comparator in rec.gates and v.status != "pass"]
-    lines += [f"{'VACUOUS' if vacuates(c) else 'positive control failed'}: {c.comparator} control "
+    lines += [f"{'VACUOUS' if c.vacuates else 'positive control failed'}: {c.comparator} control "
               f"{c.mutation!r} expected {c.expect}, got {c.got}" for c in rec.controls if not c.ok]
     return "\n".join(lines)
 
@@ -96,6 +96,7 @@ LEDGER = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    interrupt_on_sigterm()  # SIGTERM stops the whole run, not just the current test
     if not os.environ.get(ledger.ENV) and not hasattr(config, "workerinput"):  # xdist workers inherit it
         fd, path = tempfile.mkstemp(prefix="harness-engine-starts-", suffix=".jsonl")
         os.close(fd)

@@ -69,6 +69,12 @@ class Suite:
     def comparator(self, name: str) -> ComparatorSpec | None:
         return next((c for c in self.comparators if c.name == name), None)
 
+    def params(self, name: str) -> Mapping[str, Any]:
+        """The suite's ``[compare.<name>]`` table (empty when the suite does not name ``name``: the
+        comparator's own defaults apply)."""
+        spec = self.comparator(name)
+        return spec.params if spec is not None else {}
+
     def build_cases(self, encode: Callable[[str], Sequence[int]],
                     limits: ModelLimits | None = None) -> tuple[Case, ...]:
         """Turn the case specs into token-id cases with the model's tokenizer ``encode``; with the

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from harness.api import EngineFailed
 from harness.engines import ledger
-from harness.engines.procs import engine_env, group_alive, kill_group, parent_death_signal, track
+from harness.engines.procs import engine_env, group_alive, kill_group, spawn
+from harness.steps import step
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -63,29 +64,27 @@ class LoopbackServer:
 
     def start(self) -> str:
         """Launch and wait for the health path; returns the base URL. Raises :class:`EngineFailed`."""
-        for _attempt in range(3):  # the free port may be taken between probing and binding
-            self.port = self.port or free_port(self.host)
-            self._launch()
-            try:
-                self._wait_healthy()
-                return self.base_url
-            except EngineFailed as e:
-                in_use = "address already in use" in (e.log_tail or "").lower()
-                self.stop()
-                if not in_use:
-                    raise
-                self.port = None
-        raise EngineFailed(f"{self.label}: no free port after 3 attempts")
+        with step(f"{self.label} start"):
+            for _attempt in range(3):  # the free port may be taken between probing and binding
+                self.port = self.port or free_port(self.host)
+                self._launch()
+                try:
+                    self._wait_healthy()
+                    return self.base_url
+                except EngineFailed as e:
+                    in_use = "address already in use" in (e.log_tail or "").lower()
+                    self.stop()
+                    if not in_use:
+                        raise
+                    self.port = None
+            raise EngineFailed(f"{self.label}: no free port after 3 attempts")
 
     def _launch(self) -> None:
         if self.log_path is None:
             self.log_path = Path(tempfile.mkstemp(prefix="server-", suffix=".log")[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=parent_death_signal(), env=self.env())
-        track(self.proc)
+            self.proc = spawn(self.command(), stdout=log, env=self.env())
         self._t0 = time.perf_counter()
 
     def _wait_healthy(self) -> None:

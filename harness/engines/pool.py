@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.procs import kill_group, spawn
 
 SERVE = Path(__file__).with_name("vllm_serve.py")
 ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "HARNESS_CPU_ISA", "LD_PRELOAD", "CUDA_", "TORCH")
@@ -88,12 +88,14 @@ class PooledEngine:
         """Bytes of the log up to the end of the first workload: the engine's start."""
         read_fd, write_fd = os.pipe()
         with log_path.open("wb") as log:
-            self.proc = subprocess.Popen([python, str(SERVE), str(write_fd)], stdin=subprocess.PIPE,
-                                         stdout=log, stderr=subprocess.STDOUT, env=dict(env),
-                                         start_new_session=True, preexec_fn=parent_death_signal(),
-                                         pass_fds=(write_fd,))
-        os.close(write_fd)
-        track(self.proc)
+            try:
+                self.proc = spawn([python, str(SERVE), str(write_fd)], stdout=log, stdin=subprocess.PIPE,
+                                  env=env, pass_fds=(write_fd,))
+            except BaseException:
+                os.close(read_fd)
+                raise
+            finally:
+                os.close(write_fd)
         self.ack = os.fdopen(read_fd, "r")
 
     def run(self, request: Path, result: Path, timeout_s: float) -> bool:

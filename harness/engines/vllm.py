@@ -24,9 +24,10 @@ from harness.device import device_block, engine_fingerprint
 from harness.engines import ledger
 from harness.engines import pool as engine_pool
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
-from harness.engines.procs import engine_env, kill_group, parent_death_signal, track
+from harness.engines.procs import engine_env, run_engine
 from harness.models import ModelRef
 from harness.speed import Speed
+from harness.steps import step
 from harness.teacher import scored_output
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -153,25 +154,19 @@ class VLLMRunner:
             **({"speed_levels": list(self._levels)} if self._levels else {}),
         }))
         env = engine_env()
+        label = f"vLLM {self.name} ({self.model.name}, {len(cases)} cases)"
         pool = engine_pool.active()
         if pool is not None:  # a live engine for this configuration, or one started for it and kept
             k = engine_pool.key(self.python, self.model.path, engine, env)
-            served = pool.run(k, self.python, env, req, res, self.log_path, START_TIMEOUT_S)
+            with step(f"{label}: pooled engine"):
+                served = pool.run(k, self.python, env, req, res, self.log_path, START_TIMEOUT_S)
             rc: int | None = 0 if served.completed else 1
             start_facts = {"pooled": True, "reused": not served.started, "uses": served.uses, "key": k}
         else:
-            with self.log_path.open("w") as log:
-                proc = subprocess.Popen([self.python, str(WORKER), str(req), str(res)], stdout=log,
-                                        stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                        preexec_fn=parent_death_signal())
-                track(proc)
-                try:
-                    proc.wait(timeout=START_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s",
-                                       self._tail()) from None
-                finally:
-                    kill_group(proc)  # the worker's engine-core processes, whatever happened
+            proc = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path, START_TIMEOUT_S,
+                              env, label=f"{label}: start + run")
+            if proc.timed_out:
+                raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s", self._tail())
             rc = proc.returncode
             start_facts = {"pooled": False, "reused": False}
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []

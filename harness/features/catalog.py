@@ -122,7 +122,7 @@ def load_catalog(path: Path, ws: Workspace | None = None) -> Catalog:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise CatalogError(f"{path}: no feature catalog (write one, see README 'FEATURES.md')") from None
+        raise CatalogError(f"{path}: no feature catalog (write one, see docs/records.md)") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise CatalogError(f"{path}: not valid TOML: {e}") from None
     ws = ws or Workspace(path.parent)

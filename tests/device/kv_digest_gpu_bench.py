@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="a few configurations only")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run under TRITON_INTERPRET=1")
+    ap.add_argument("--budget-s", type=float, default=400.0,
+                    help="the sweep stops starting configurations after this many seconds of the run "
+                         "(the rest are named as skipped), so one call of at most 10 minutes ends with its record")
     a = ap.parse_args(argv)
     global DEVICE
     DEVICE = torch.device(a.device)
@@ -223,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep: dict = {}
     for cfg in rows_cfgs + tiles_cfgs:
         name = "_".join(f"{k}{v}" for k, v in cfg.items())
+        if time.perf_counter() - t0 > a.budget_s:
+            sweep[name] = f"skipped: the run passed --budget-s {a.budget_s:.0f}"
+            continue
         try:
             sweep[name] = nbytes / timed(lambda cfg=cfg: [fused_lane_sums(kv, ids, lay, sums, **cfg) for kv in cache],
                                          reps=3)

@@ -8,7 +8,8 @@ Parts (each measured in this process, on the same bytes as its limit):
   the numpy kernels vs a per-token loop doing the same work (``benchmarks/compare_throughput.py``);
   goal 20 M positions/s;
 * ``full``: full-vocabulary KL + NMSE facts (:func:`harness.compare.full.row_facts`) over two
-  ``[256, 49152]`` float32 arrays (smollm2's vocabulary), against memcpy of the same bytes;
+  ``[256, 49152]`` float32 arrays (smollm2's vocabulary), against memcpy of the same bytes (one
+  thread): the compiled kernel on numba's threads and on one thread, and the numpy path;
 * ``kv``: the KV gate's compare (digests first), the byte compare where digests do not settle it,
   the diff of pages one byte apart, and the host page digests (``xxh128``; ``mx128``, the fallback),
   against memcpy of the same bytes (:func:`harness.kv.bench.throughput`), on 64 KiB pages (an 8B
@@ -68,12 +69,28 @@ def part_full(quick: bool) -> tuple[list[Figure], dict]:
     memcpy = rate(nbytes, lambda: (np.copyto(dst, o), np.copyto(dst, c)), min_s, ROUNDS)
     fused = rate(nbytes, lambda: row_facts(o, c), min_s, ROUNDS)  # after a warm-up call (numba's first)
     plain = rate(nbytes, lambda: row_facts(o, c, compiled=False), min_s, ROUNDS)
+    one = _one_thread(lambda: rate(nbytes, lambda: row_facts(o, c), min_s, ROUNDS))
     r = {"positions": n, "vocab": v, "bytes": nbytes, "compiled_Bps": fused, "numpy_Bps": plain,
-         "memcpy_Bps": memcpy, "positions_per_s": fused / nbytes * n}
+         "compiled_one_thread_Bps": one, "memcpy_Bps": memcpy, "positions_per_s": fused / nbytes * n}
     limit = Limit("memcpy of the same bytes", memcpy, "B/s")
     p = {"positions": n, "vocab": v, "positions_per_s": fused / nbytes * n}
     return [Figure("full.kl_nmse", fused, "B/s", limit, goal=0.5 * memcpy, params={**p, "path": "compiled"}),
+            Figure("full.kl_nmse_one_thread", one, "B/s", limit, goal=0.5 * memcpy,
+                   params={**p, "path": "compiled", "threads": 1}),
             Figure("full.kl_nmse_numpy", plain, "B/s", limit, params={**p, "path": "numpy"})], r
+
+
+def _one_thread(measure):  # noqa: ANN001, ANN202
+    """``measure()`` with the compiled kernel on one thread, as memcpy runs: on a shared host the
+    threaded figure also measures how the other jobs leave the cores."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        return measure()
+    finally:
+        numba.set_num_threads(threads)
 
 
 def part_kv(quick: bool) -> tuple[list[Figure], dict]:

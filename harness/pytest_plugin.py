@@ -9,6 +9,10 @@ Installed with the package (entry point ``pytest11``). In a test::
 explanation when the outcome is not ``pass``. ``--parity-root`` points at a harness workspace
 (suites/, goldens/, models/, reports/); the default is the installed harness's repository.
 
+Every session counts the engines it starts (:mod:`harness.engines.ledger`): ``$HARNESS_ENGINE_LEDGER``
+points at a file for the session (unless already set), and the terminal summary ends with the count,
+the seconds spent starting them and which test files paid for them.
+
 ``pytest --harness-matrix fleet.toml [--harness-shard I/N] [--harness-device cpu|cuda|all]`` makes
 every entry of the matrix file (of this machine's device kind, of shard I of N) one pytest item:
 ``-n auto`` (pytest-xdist) runs entries in parallel, ``--junitxml`` gives one JUnit case per entry
@@ -20,12 +24,14 @@ Given alone, ``--harness-matrix`` replaces the configured test paths: only the m
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.engines import ledger
 from harness.records import Record
 from harness.signals import interrupt_on_sigterm
 from harness.workspace import Workspace
@@ -86,8 +92,15 @@ def _workspace(config: pytest.Config) -> Workspace:
     return Workspace(Path(root).resolve()) if root else Workspace.default()
 
 
+LEDGER = pytest.StashKey[str]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     interrupt_on_sigterm()  # SIGTERM stops the whole run, not just the current test
+    if not os.environ.get(ledger.ENV) and not hasattr(config, "workerinput"):  # xdist workers inherit it
+        fd, path = tempfile.mkstemp(prefix="harness-engine-starts-", suffix=".jsonl")
+        os.close(fd)
+        os.environ[ledger.ENV] = config.stash[LEDGER] = path
     name = config.getoption("--harness-matrix")
     if not name:
         return
@@ -103,6 +116,25 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(path)]  # the matrix alone, not the configured test paths
     elif str(path) not in {str(Path(a).resolve()) for a in config.args}:
         config.args.append(str(path))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    path = os.environ.get(ledger.ENV)
+    lines = ledger.summary(ledger.read(path)) if path else []
+    if lines:
+        terminalreporter.section("engine starts")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = config.stash.get(LEDGER, None)
+    if path is not None:  # the session's own ledger file (not one a caller named)
+        os.environ.pop(ledger.ENV, None)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _share_cores() -> None:

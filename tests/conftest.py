@@ -1,15 +1,30 @@
-"""Shared fixtures: synthetic outputs for unit tests, and a private copy of the workspace."""
+"""Shared fixtures: synthetic outputs for unit tests, a private copy of the workspace, and the
+session's engine pool."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from harness.api import Case, Output
+from harness.engines.pool import EnginePool, pooled
 from harness.workspace import REPO_ROOT, Workspace
+
+
+@pytest.fixture(scope="session", autouse=True)
+def engine_pool() -> Iterator[EnginePool]:
+    """One live vLLM engine per (interpreter, model, engine settings, environment) for the whole
+    session (:mod:`harness.engines.pool`): any test that runs the pinned vLLM through the harness
+    (``run_gate``, ``VLLMRunner``, ``harness.cli.main``) in this process shares it; the first
+    workload of a configuration starts it. A test about a fresh engine wraps its run in
+    ``harness.engines.pool.unpooled()``. Engines configured per run (a KV connector's store,
+    invariance groups, servers) and harness child processes start their own."""
+    with pooled() as pool:
+        yield pool
 
 
 def make_output(case_id: str, tokens: list[int], k: int = 5, gap: float = 2.0,

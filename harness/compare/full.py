@@ -3,9 +3,9 @@
 A full distribution is a ``[positions, vocabulary]`` float32 array whose column is the token id
 (:attr:`harness.api.Output.full_logprobs`; often a read-only memory map of a ``.npy`` file). For a
 real vocabulary (49k-256k ids) that is 0.2-1 MB per position, so nothing here builds a dict per
-position or a float64 copy of a whole case: rows go through in slices of about
-:data:`CHUNK_ELEMENTS` values, and one pass over a slice gives every per-row fact the comparators
-need (:func:`row_facts`):
+position or a float64 copy of a whole case: one pass over the values gives every per-row fact the
+comparators need (:func:`row_facts`; compiled, :mod:`harness.compare.kernels`, or numpy over slices
+of about :data:`CHUNK_ELEMENTS` values):
 
 * ``lse``: ``log sum exp(row)``, 0 for a distribution (a row that is not one is refused upstream);
 * ``kl``: ``KL(o' || c')`` of the renormalised rows ``o' = o - lse_o`` and ``c' = c - lse_c``;
@@ -28,6 +28,8 @@ import weakref
 from dataclasses import dataclass
 
 import numpy as np
+
+from harness.compare import kernels
 
 LOG_FLOOR = -69.0
 """log(1e-30): -inf logprobs are clamped here so 0 * log 0 stays finite (as in top-k mode)."""
@@ -60,11 +62,38 @@ def _f64(rows: np.ndarray) -> np.ndarray:
     return np.maximum(x, LOG_FLOOR, out=x if x is not rows else None)
 
 
-def row_facts(o: np.ndarray, c: np.ndarray, chunk_elements: int = CHUNK_ELEMENTS) -> RowFacts:
-    """Every per-row fact of two ``[n, V]`` logprob arrays in one pass over slices of rows."""
+def row_facts(o: np.ndarray, c: np.ndarray, chunk_elements: int = CHUNK_ELEMENTS,
+              compiled: bool = True) -> RowFacts:
+    """Every per-row fact of two ``[n, V]`` logprob arrays in one pass over their values.
+
+    float32 rows (what engines return) go through the compiled kernel
+    (:func:`harness.compare.kernels.full_rows`: one read of each value, a vectorised ``exp``, rows
+    over the cores); other dtypes, ``compiled=False``, a host without numba, and any row whose facts
+    come out non-finite (NaN or +inf values) go through the numpy slices below. Both give the same
+    facts within float64 rounding; the tests hold both to a naive float64 computation."""
     if o.ndim != 2 or o.shape != c.shape:
         raise ValueError(f"full rows: shapes differ or are not [positions, vocabulary]: oracle {o.shape}, "
                          f"candidate {c.shape}")
+    if not (compiled and o.dtype == np.float32 and c.dtype == np.float32 and kernels.available()):
+        return _row_facts_numpy(o, c, chunk_elements)
+    n, v = o.shape
+    sums, top = kernels.full_rows(o, c)
+    a, b = sums[:, 0], sums[:, 1]
+    delta = b - a
+    facts = RowFacts(kl=np.maximum(-sums[:, 2] - (a - b), 0.0),
+                     sq_err=np.maximum(sums[:, 4] - 2 * delta * sums[:, 3] + v * delta**2, 0.0),
+                     sq_ref=np.maximum(sums[:, 6] - 2 * a * sums[:, 5] + v * a**2, 0.0),
+                     o_top=top[:, 0].copy(), c_top=top[:, 1].copy(), o_lse=a.copy(), c_lse=b.copy())
+    bad = np.flatnonzero(~np.isfinite(sums).all(axis=1))
+    if bad.size:  # NaN or +inf values: numpy's own semantics for those rows
+        redo = _row_facts_numpy(o[bad], c[bad], chunk_elements)
+        for name in ("kl", "sq_err", "sq_ref", "o_top", "c_top", "o_lse", "c_lse"):
+            getattr(facts, name)[bad] = getattr(redo, name)
+    return facts
+
+
+def _row_facts_numpy(o: np.ndarray, c: np.ndarray, chunk_elements: int = CHUNK_ELEMENTS) -> RowFacts:
+    """:func:`row_facts` with numpy, over slices of about ``chunk_elements`` values."""
     n, v = o.shape
     out = {k: np.empty(n) for k in ("kl", "sq_err", "sq_ref", "o_lse", "c_lse")}
     o_top, c_top = np.empty(n, np.int64), np.empty(n, np.int64)

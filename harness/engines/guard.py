@@ -1,11 +1,12 @@
 """Runs one engine process and stops its whole process group when the harness goes away.
 
-    python -I -S guard.py FD -- ARGV...
+    python -I -S guard.py FD [--keep=N ...] -- ARGV...
 
 :func:`harness.engines.procs.spawn` starts this file (by path, under the harness's own interpreter:
 standard library only, whatever the engine's interpreter) as the leader of a new process group,
 with ``FD`` the read end of a pipe whose write end only the harness holds. The guard starts ARGV in
-the same group and waits for it. The group is stopped (SIGTERM, then SIGKILL after
+the same group and waits for it; file descriptors named by ``--keep`` are passed on to ARGV (a
+pipe the engine answers on). The group is stopped (SIGTERM, then SIGKILL after
 :data:`GRACE_S`) when
 
 * the pipe reaches end-of-file: the harness has exited, however (``kill -9`` included);
@@ -81,10 +82,12 @@ def stop_group(child: subprocess.Popen[bytes] | None, grace_s: float = GRACE_S) 
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[2] != "--":
-        print("usage: guard.py FD -- ARGV...", file=sys.stderr)
+    sep = argv.index("--") if "--" in argv else -1
+    keep = argv[2:sep] if sep > 1 else []
+    if sep < 2 or sep == len(argv) - 1 or not all(k.startswith("--keep=") and k[7:].isdigit() for k in keep):
+        print("usage: guard.py FD [--keep=N ...] -- ARGV...", file=sys.stderr)
         return 2
-    fd, command = int(argv[1]), argv[3:]
+    fd, command, pass_fds = int(argv[1]), argv[sep + 1:], tuple(int(k[7:]) for k in keep)
     why: list[str] = []
     stop = threading.Event()
 
@@ -106,7 +109,7 @@ def main(argv: list[str]) -> int:
 
     threading.Thread(target=watch, daemon=True).start()
     try:
-        child = subprocess.Popen(command)
+        child = subprocess.Popen(command, pass_fds=pass_fds)
     except OSError as e:
         print(f"guard: cannot start {command[0]!r}: {e}", file=sys.stderr)
         return 127

@@ -107,6 +107,7 @@ def gguf_type(path: Path) -> str:
 
 class LlamaCppServer(LoopbackServer):
     label = "llama.cpp server"
+    kind = "llamacpp-server"
     health_path = "/v1/models"
 
     def __init__(self, python: str, gguf: Path, alias: str, flags: Mapping[str, str],
@@ -115,6 +116,7 @@ class LlamaCppServer(LoopbackServer):
         self.python = python
         self.gguf = gguf
         self.alias = alias
+        self.model_name = alias
         self.flags = dict(flags)
 
     def args(self) -> list[str]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from harness.api import EngineFailed
+from harness.engines import ledger
 from harness.engines.procs import engine_env, group_alive, kill_group, spawn
 from harness.steps import step
 
@@ -32,6 +33,9 @@ class LoopbackServer:
 
     label = "server"
     """How errors name it (``vLLM server``, ``llama.cpp server``)."""
+    kind = "server"
+    """How the engine-start ledger (:mod:`harness.engines.ledger`) counts it."""
+    model_name = ""
     health_path = "/health"
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, log_path: Path | None = None,
@@ -87,6 +91,7 @@ class LoopbackServer:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if (why := self.exited()) is not None:
+                ledger.record(self.kind, self.model_name, None, ok=False, port=self.port)
                 raise EngineFailed(f"{self.label} exited during start-up: {why}", self.log_tail())
             try:
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
@@ -95,6 +100,7 @@ class LoopbackServer:
                 conn.close()
                 if ok:
                     self.start_s = time.perf_counter() - self._t0
+                    ledger.record(self.kind, self.model_name, self.start_s, port=self.port)
                     return
             except (OSError, http.client.HTTPException):
                 pass

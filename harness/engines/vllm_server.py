@@ -45,12 +45,14 @@ class VLLMServer(LoopbackServer):
     """One ``api_server`` process group. Use as a context manager, or ``start()`` / ``stop()``."""
 
     label = "vLLM server"
+    kind = "vllm-server"
 
     def __init__(self, model: ModelRef, settings: Mapping[str, Any] | None = None,
                  python: str | None = None, host: str = "127.0.0.1", port: int | None = None,
                  log_path: Path | None = None, start_timeout_s: float = START_TIMEOUT_S) -> None:
         super().__init__(host, port, log_path, start_timeout_s)
         self.model = model
+        self.model_name = model.name
         self.settings = {**default_engine_settings(model), **(settings or {})}
         self.python = python or sys.executable
 

@@ -33,7 +33,9 @@ Per-layer tensors: "tensors": {"dir": FOLDER, "sequences": [{"id", "ids"}]} adds
 an eager engine without a prefix cache for such a run (see :func:`_layer_tensors`).
 
 One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
-cores) dominates, generation of a suite takes well under a second.
+cores) dominates, generation of a suite takes well under a second. ``vllm_serve.py`` runs the same
+workloads (:func:`run_workload`) one after another on one engine, for the engine pool
+(:mod:`harness.engines.pool`).
 """
 
 from __future__ import annotations
@@ -280,82 +282,92 @@ def main(request_path: str, result_path: str) -> int:
         llm = start_llm(req, out)
         if llm is None:
             return 3
-        import vllm
-        from vllm import SamplingParams
-        t_start = time.perf_counter() - t0
-        files, no_hook = _full_files(llm, full)
-        s = req["sampling"]
-        k = int(s.get("logprobs", 5))
-        gen_tags = [files.new(f"gen-{i:04d}", "gen", int(s["max_tokens"])) if files else None
-                    for i in range(len(req["cases"]))]
-        lp_k = -1 if files and not files.hooked else (k if k != 0 else None)
-        params = [SamplingParams(
-            temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=lp_k, seed=int(s.get("seed", 0)),
-            **_with_tag(req.get("sampling_extra", {}), tag if files and files.hooked else None))
-            for tag in gen_tags] or [SamplingParams(temperature=0.0, max_tokens=1)]
-        prompts = [{"prompt_token_ids": c["prompt_ids"]} for c in req["cases"]]
-        t1 = time.perf_counter()
-        conc = req.get("concurrency")
-        ttft: list = []
-        if conc and prompts:
-            results, ttft, t1 = _closed_loop(llm, prompts, params, int(conc))
-        else:
-            results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
-        t_gen = time.perf_counter() - t1
-        n_out = sum(len(r.outputs[0].token_ids) for r in results)
-        score = req.get("score")
-        if score and score.get("own"):  # score the sequences just generated (an A/B arm's control)
-            score = {**score, "sequences": [
-                {"id": c["id"], "prompt_ids": c["prompt_ids"],
-                 "continuation_ids": [int(t) for t in r.outputs[0].token_ids]}
-                for c, r in zip(req["cases"], results, strict=True)]}
-        scored, t_score = _score(llm, SamplingParams, score, int(s.get("seed", 0)), files)
-        sink = llm.collective_rpc(vllm_full.full_sink_report)[0] if files and files.hooked else {}
-        written = sink.get("written", {})
-        levels = []
-        plain = params if not files else [SamplingParams(  # speed replays write no rows
-            temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k != 0 else None,
-            seed=int(s.get("seed", 0)), **req.get("sampling_extra", {})) for _ in prompts]
-        for c in req.get("speed_levels") or ():  # the same workload again at each concurrency
-            res_c, ttft_c, t_c = _closed_loop(llm, prompts, plain, int(c))
-            levels.append({"concurrency": int(c), "wall_s": time.perf_counter() - t_c, "ttft_s": ttft_c,
-                           "output_tokens": sum(len(r.outputs[0].token_ids) for r in res_c)})
-        layers, t_layers = _layer_tensors(llm, SamplingParams, req.get("tensors"))
-        cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
-        write_line(out, {
-            "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
-            "timings": {"engine_start_s": t_start, "generate_s": t_gen,
-                        **({"score_s": t_score} if scored else {}),
-                        **({"full_hook_s": sink["seconds"]} if sink else {}),
-                        **({"tensors_s": t_layers} if layers else {})},
-            "output_tokens": n_out,
-            **({"concurrency": int(conc), "ttft_s": ttft} if conc and prompts else {}),
-            **({"speed_levels": levels} if levels else {}),
-            "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
-            "block_size": getattr(cache, "block_size", None),
-            "cache_dtype": str(getattr(cache, "cache_dtype", "")),
-            "kernel": kernel_facts(),
-            **({"full_capture": "engine-hook" if files.hooked else "logprob-dicts",
-                "full_vocab": files.vocab, **({"full_no_hook": no_hook} if no_hook else {})}
-               if files else {}),
-            "peak_rss_kib": peak_rss_kib(),
-        })
-        for case, r, tag in zip(req["cases"], results, gen_tags, strict=True):
-            line = {"kind": "case", "id": case["id"], **output_fields(r, k)}
-            if tag is not None and files is not None:
-                if not files.hooked:
-                    files.fill_from_dicts(tag, r.outputs[0].logprobs or [])
-                line["full"] = {**files.line(tag, len(line["token_ids"])),
-                                "written": written.get(tag["path"]) if files.hooked else None}
-            write_line(out, line)
-        for line in scored:
-            if "full" in line and files is not None and files.hooked:
-                line["full"]["written"] = written.get(line["full"]["path"])
-            write_line(out, line)
-        for line in layers:
-            write_line(out, line)
-        write_line(out, {"kind": "end"})  # every result is written: the exit code no longer matters
+        run_workload(llm, req, out, time.perf_counter() - t0)
     return 0
+
+
+def run_workload(llm: Any, req: dict[str, Any], out: Any, start_s: float,
+                 engine: dict[str, Any] | None = None) -> None:
+    """Everything a request asks of a started engine, its result lines written to ``out``.
+    ``start_s``: what starting the engine cost this workload (0 for a pooled engine's later ones);
+    ``engine``: facts about a pooled engine for the meta line."""
+    import vllm
+    from vllm import SamplingParams
+
+    full = req.get("full")
+    files, no_hook = _full_files(llm, full)
+    s = req["sampling"]
+    k = int(s.get("logprobs", 5))
+    gen_tags = [files.new(f"gen-{i:04d}", "gen", int(s["max_tokens"])) if files else None
+                for i in range(len(req["cases"]))]
+    lp_k = -1 if files and not files.hooked else (k if k != 0 else None)
+    params = [SamplingParams(
+        temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=lp_k, seed=int(s.get("seed", 0)),
+        **_with_tag(req.get("sampling_extra", {}), tag if files and files.hooked else None))
+        for tag in gen_tags] or [SamplingParams(temperature=0.0, max_tokens=1)]
+    prompts = [{"prompt_token_ids": c["prompt_ids"]} for c in req["cases"]]
+    t1 = time.perf_counter()
+    conc = req.get("concurrency")
+    ttft: list = []
+    if conc and prompts:
+        results, ttft, t1 = _closed_loop(llm, prompts, params, int(conc))
+    else:
+        results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
+    t_gen = time.perf_counter() - t1
+    n_out = sum(len(r.outputs[0].token_ids) for r in results)
+    score = req.get("score")
+    if score and score.get("own"):  # score the sequences just generated (an A/B arm's control)
+        score = {**score, "sequences": [
+            {"id": c["id"], "prompt_ids": c["prompt_ids"],
+             "continuation_ids": [int(t) for t in r.outputs[0].token_ids]}
+            for c, r in zip(req["cases"], results, strict=True)]}
+    scored, t_score = _score(llm, SamplingParams, score, int(s.get("seed", 0)), files)
+    sink = llm.collective_rpc(vllm_full.full_sink_report)[0] if files and files.hooked else {}
+    written = sink.get("written", {})
+    levels = []
+    plain = params if not files else [SamplingParams(  # speed replays write no rows
+        temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k != 0 else None,
+        seed=int(s.get("seed", 0)), **req.get("sampling_extra", {})) for _ in prompts]
+    for c in req.get("speed_levels") or ():  # the same workload again at each concurrency
+        res_c, ttft_c, t_c = _closed_loop(llm, prompts, plain, int(c))
+        levels.append({"concurrency": int(c), "wall_s": time.perf_counter() - t_c, "ttft_s": ttft_c,
+                       "output_tokens": sum(len(r.outputs[0].token_ids) for r in res_c)})
+    layers, t_layers = _layer_tensors(llm, SamplingParams, req.get("tensors"))
+    cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
+    write_line(out, {
+        "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
+        "timings": {"engine_start_s": start_s, "generate_s": t_gen,
+                    **({"score_s": t_score} if scored else {}),
+                    **({"full_hook_s": sink["seconds"]} if sink else {}),
+                    **({"tensors_s": t_layers} if layers else {})},
+        "output_tokens": n_out,
+        **({"concurrency": int(conc), "ttft_s": ttft} if conc and prompts else {}),
+        **({"speed_levels": levels} if levels else {}),
+        "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
+        "block_size": getattr(cache, "block_size", None),
+        "cache_dtype": str(getattr(cache, "cache_dtype", "")),
+        "kernel": kernel_facts(),
+        **({"full_capture": "engine-hook" if files.hooked else "logprob-dicts",
+            "full_vocab": files.vocab, **({"full_no_hook": no_hook} if no_hook else {})}
+           if files else {}),
+        "peak_rss_kib": peak_rss_kib(),
+        **({"engine": engine} if engine else {}),
+    })
+    for case, r, tag in zip(req["cases"], results, gen_tags, strict=True):
+        line = {"kind": "case", "id": case["id"], **output_fields(r, k)}
+        if tag is not None and files is not None:
+            if not files.hooked:
+                files.fill_from_dicts(tag, r.outputs[0].logprobs or [])
+            line["full"] = {**files.line(tag, len(line["token_ids"])),
+                            "written": written.get(tag["path"]) if files.hooked else None}
+        write_line(out, line)
+    for line in scored:
+        if "full" in line and files is not None and files.hooked:
+            line["full"]["written"] = written.get(line["full"]["path"])
+        write_line(out, line)
+    for line in layers:
+        write_line(out, line)
+    write_line(out, {"kind": "end"})  # every result is written: the exit code no longer matters
 
 
 if __name__ == "__main__":

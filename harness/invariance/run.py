@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, TensorSource
+from harness.engines import ledger
 from harness.engines.procs import engine_env, run_engine
 from harness.invariance.plan import Group, Pass, Plan
 from harness.models import ModelRef
@@ -122,12 +123,16 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
     req.write_text(json.dumps({"model": model.path, "engine": dict(g.settings),
                                "sampling": sampling.to_json(),
                                "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
+    t0 = time.perf_counter()
     done = run_engine([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)], log,
                       timeout_s, engine_env(repo_on_path=True), cwd=folder,
                       label=f"vLLM engine {g.key} ({model.name}): {', '.join(g.serves)}")
     rc = done.returncode
     timed_out = f"the {g.key} engine did not finish within {timeout_s:.0f} s" if done.timed_out else None
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
+    head = lines[0] if lines else {}
+    ledger.record("invariance-group", model.name, (head.get("timings") or {}).get("engine_start_s"),
+                  ok=head.get("kind") == "meta", group=g.key, wall_s=time.perf_counter() - t0)
     return parse_result(g.key, g.settings, lines, rc, log.read_text(errors="replace"), timed_out)
 
 

@@ -1,8 +1,20 @@
 """Page digests computed where the pages live: on the GPU for a GPU cache, on the host otherwise.
 
-One algorithm on every device, built from plain torch integer ops, so a digest taken on a CUDA
-cache equals the digest of the same bytes read back on the host, and the comparator can compare
-digests first and bytes only on mismatch.
+A digest string names its algorithm (``<name>:<32 hex digits>``), and every digest in a record or a
+capture can be checked again from the bytes with :func:`matches`, whichever algorithm took it:
+
+* ``xxh128`` (XXH3-128, the ``xxhash`` package): pages in host memory, where ``xxhash`` is
+  installed (a dependency of the harness). A hash made for this, at tens of GB/s a core;
+* ``mx128`` (below): pages on a GPU (the fused Triton kernel, or torch integer ops), and host pages
+  in an interpreter without ``xxhash`` (a vLLM release's venv holds only what vLLM brings). Records
+  written before ``xxh128`` hold ``mx128`` digests; they stay comparable and checkable.
+
+Two digests are compared only when their algorithms agree; when they do not (a producer and a
+consumer in different interpreters), the comparator compares the bytes, as for digests that differ.
+
+``mx128`` is one algorithm on every device, built from plain torch integer ops, so a digest taken on
+a CUDA cache equals the digest of the same bytes read back on the host, and the comparator can
+compare digests first and bytes only on mismatch.
 
 ``mx128`` is four independent 32-bit lanes. Each lane views the page as 32-bit words ``w_i``, mixes
 every word with a position coefficient ``a_i`` (odd, from splitmix64 of the position and lane) and
@@ -12,10 +24,12 @@ sums with wrap-around::
 
 ``w -> w * a_i`` (odd ``a_i``), the xor-shift and ``* K`` are bijections mod 2**32, so a change of
 any single word always changes every lane; a modular sum is order-free, so a GPU reduction in any
-order gives the same bits. 32-bit integer ops are the ones CPUs vectorise and GPUs run at full
-rate. The lane sums and the byte length are then avalanched on the host (a few words per page).
-It is a checksum against accidents (bit flips, misplaced or stale pages), not a defence against an
-adversary.
+order gives the same bits. Multiplication by ``K`` distributes over the modular sum, so every
+implementation sums ``y ^ (y >>> 15)`` and multiplies the lane sum by ``K`` once: the same bits with
+half the multiplies (the fused kernel's bound). 32-bit integer ops are the ones CPUs vectorise and
+GPUs run at full rate. The lane sums and the byte length are then avalanched on the host (a few
+words per page). It is a checksum against accidents (bit flips, misplaced or stale pages), not a
+defence against an adversary.
 """
 from __future__ import annotations
 
@@ -28,7 +42,17 @@ import torch
 
 from harness.kv import digest_triton
 
+try:
+    from xxhash import xxh3_128_hexdigest as _xxh128
+except ImportError:  # a release's venv: vLLM does not bring xxhash
+    _xxh128 = None
+
 NAME = "mx128"
+"""The device algorithm (GPU caches), and the host's where ``xxhash`` is not installed."""
+XXH128 = "xxh128"
+HOST = XXH128 if _xxh128 is not None else NAME
+"""What :func:`digest_bytes` and host pages use in this interpreter."""
+ALGORITHMS = (NAME, XXH128)
 _GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as int64
 _M1 = -0x40A7B892E31B1A47  # 0xBF58476D1CE4E5B9
 _M2 = -0x6B2FB644ECCEEE15  # 0x94D049BB133111EB
@@ -80,17 +104,31 @@ def as_page_bytes(pages: torch.Tensor) -> torch.Tensor:
 def page_digests(pages: torch.Tensor) -> list[str]:
     """One digest per leading index of ``pages`` ([P, ...], any dtype, any device).
 
-    Pages on a GPU are digested there, by the fused Triton kernel (:mod:`harness.kv.digest_triton`)
-    when Triton is installed, else by torch integer ops; pages in host memory by the same arithmetic
-    in numpy, which runs on the calling thread: small torch ops fan out to OpenMP threads that
-    contend with the engine's own on a busy CPU host.
+    Pages on a GPU are digested there (``mx128``), by the fused Triton kernel
+    (:mod:`harness.kv.digest_triton`) when Triton is installed, else by torch integer ops; pages in
+    host memory by :func:`host_digests` (``xxh128``, or ``mx128`` in numpy without ``xxhash``), on
+    the calling thread: small torch ops fan out to OpenMP threads that contend with the engine's own
+    on a busy CPU host.
     """
+    if pages.device.type == "cpu" and pages.dim() > 0 and pages.numel() > 0:
+        return host_digests(_host_bytes(pages))
     raw = as_page_bytes(pages)
     if raw.device.type == "cpu":
         return host_digests(raw.numpy())
     if raw.shape[1] % 4 == 0 and raw.shape[0] and digest_triton.available(raw.device):
         return fused_digests(raw, torch.arange(raw.shape[0], device=raw.device), digest_triton.layout_of(raw))
     return device_digests(raw)
+
+
+def _host_bytes(pages: torch.Tensor) -> np.ndarray:
+    """[P, ...] host tensor -> [P, nbytes] uint8 numpy, through numpy where it knows the dtype (a
+    torch view or reshape costs microseconds, as much as digesting a small page)."""
+    try:
+        arr = pages.detach().numpy()
+    except TypeError:  # bfloat16, float8: no numpy dtype
+        return as_page_bytes(pages).numpy()
+    arr = np.ascontiguousarray(arr)
+    return arr.reshape(arr.shape[0], -1).view(np.uint8)
 
 
 def cache_digests(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0) -> list[str]:
@@ -110,7 +148,7 @@ def cache_digests(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0
 def fused_lane_sums(kv: torch.Tensor, block_ids: Any, layout: digest_triton.PageLayout | None = None,
                     sums: torch.Tensor | None = None, **knobs: Any) -> torch.Tensor:
     """The fused kernel's ``[pages, 4]`` int32 lane sums of pages ``block_ids`` of ``kv`` (its
-    device), with this module's coefficients; ``knobs``: block, pages, num_warps, unroll, partials."""
+    device), with this module's coefficients; ``knobs``: see :func:`harness.kv.digest_triton.lane_sums`."""
     layout = layout or digest_triton.layout_of(kv)
     return digest_triton.lane_sums(kv, block_ids, coefficients(layout.words, str(kv.device)), layout, sums,
                                    **knobs)
@@ -147,13 +185,32 @@ def device_digests(raw: torch.Tensor) -> list[str]:
         torch.bitwise_right_shift(yy, 15, out=zz)
         zz &= 0x1FFFF
         yy ^= zz
-        yy *= _K32
-        sums[lo:lo + step] = yy.sum(dim=2, dtype=torch.int32)
+        sums[lo:lo + step] = yy.sum(dim=2, dtype=torch.int32) * _K32  # K distributes over the sum
     return _format(sums.cpu().numpy().view(np.uint32), nbytes)
 
 
-def host_digests(raw: np.ndarray) -> list[str]:
-    """The numpy path over [P, nbytes] uint8 host memory: the same bits as :func:`device_digests`."""
+def host_digests(raw: np.ndarray, algorithm: str = HOST) -> list[str]:
+    """Digests of [P, nbytes] uint8 host memory, by ``algorithm`` (this interpreter's :data:`HOST`)."""
+    if algorithm == XXH128:
+        return xxh128_digests(raw)
+    if algorithm == NAME:
+        return mx128_host_digests(raw)
+    raise ValueError(f"unknown page digest algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+
+
+def xxh128_digests(raw: np.ndarray) -> list[str]:
+    """XXH3-128 of each row of [P, nbytes] uint8 host memory, one call per page on a memoryview."""
+    if _xxh128 is None:
+        raise RuntimeError("the xxh128 page digest needs the xxhash package (pip install xxhash)")
+    n_pages, nbytes = raw.shape
+    flat = memoryview(np.ascontiguousarray(raw).reshape(-1))
+    h = _xxh128
+    return [f"xxh128:{h(flat[lo:lo + nbytes])}" for lo in range(0, n_pages * nbytes, nbytes)] if nbytes \
+        else [f"xxh128:{h(b'')}"] * n_pages
+
+
+def mx128_host_digests(raw: np.ndarray) -> list[str]:
+    """``mx128`` in numpy over [P, nbytes] uint8 host memory: the same bits as :func:`device_digests`."""
     n_pages, nbytes = raw.shape
     if n_pages == 0:
         return []
@@ -173,8 +230,7 @@ def host_digests(raw: np.ndarray) -> list[str]:
         np.multiply(w[:, None, :], coef, out=yy)
         np.right_shift(yy, np.uint32(15), out=zz)  # unsigned: a logical shift
         np.bitwise_xor(yy, zz, out=yy)
-        np.multiply(yy, k, out=yy)
-        sums[lo:lo + step] = yy.sum(axis=2, dtype=np.uint32)
+        sums[lo:lo + step] = yy.sum(axis=2, dtype=np.uint32) * k  # K distributes over the sum
     return _format(sums, nbytes)
 
 
@@ -219,10 +275,26 @@ def _finish(h: int, nbytes: int, lane: int) -> int:
     return z ^ (z >> 31)
 
 
-def digest_bytes(data: bytes | bytearray | memoryview | np.ndarray) -> str:
-    """The digest of one page given as host bytes (what the comparator re-checks on read)."""
+def digest_bytes(data: bytes | bytearray | memoryview | np.ndarray, algorithm: str = HOST) -> str:
+    """The digest of one page given as host bytes, by ``algorithm`` (this interpreter's :data:`HOST`)."""
+    if algorithm == XXH128 and _xxh128 is not None and not isinstance(data, np.ndarray):
+        return f"xxh128:{_xxh128(data)}"
     arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
     arr = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    if arr.size == 0:
+    if arr.size == 0 and algorithm == NAME:
         return f"{NAME}:{_finish(0, 0, 0):016x}{_finish(0, 0, 1):016x}"
-    return host_digests(arr.reshape(1, -1))[0]
+    return host_digests(arr.reshape(1, -1), algorithm)[0]
+
+
+def algorithm_of(digest: str) -> str:
+    """``mx128:0a1b...`` -> ``mx128``."""
+    return digest.split(":", 1)[0]
+
+
+def matches(data: bytes | bytearray | memoryview | np.ndarray, digest: str) -> bool | None:
+    """Whether ``data`` has ``digest``, recomputed by the algorithm the digest names; None for an
+    algorithm this module does not know (a digest some other tool took: nothing to check it by)."""
+    algorithm = algorithm_of(digest)
+    if algorithm not in ALGORITHMS or (algorithm == XXH128 and _xxh128 is None):
+        return None
+    return digest_bytes(data, algorithm) == digest

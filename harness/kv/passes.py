@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.api import Case, Sampling
+from harness.engines import ledger
 from harness.engines.procs import engine_env, run_engine
 from harness.kv.capture import Capture, CaptureError, read_capture
 from harness.models import ModelRef
@@ -58,12 +60,15 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     req.write_text(json.dumps({"model": model.path, "engine": dict(engine), "sampling": sampling.to_json(),
                                "passes": list(passes), **({"observe": dict(observe)} if observe else {})},
                               indent=1))
+    t0 = time.perf_counter()
     done = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
                       timeout_s, engine_env(repo_on_path=True), cwd=folder,
                       label=f"KV {name} engine ({model.name})")
     rc, timed_out = done.returncode, done.timed_out
     lines = result_lines(res)
     head = lines[0] if lines else {}
+    ledger.record("kv-phase", model.name, (head.get("timings") or {}).get("engine_start_s"),
+                  ok=head.get("kind") == "meta", phase=name, wall_s=time.perf_counter() - t0)
     capture = None
     if capture_dir.is_dir():
         try:

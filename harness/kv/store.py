@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.kv.digest import digest_bytes
+from harness.kv.digest import digest_bytes, matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +108,9 @@ class PageStore:
             if len(page) < page_nbytes:
                 out.append(PageRead(None, "truncated", f"{rel}.kv: page {i} is cut short "
                                     f"({len(blob)} of {want} bytes in the file)"))
-            elif (got := digest_bytes(page)) != digest:
-                out.append(PageRead(None, "corrupt", f"{rel}.kv: page {i} digest {got} but the store "
+            elif matches(page, digest) is False:  # by the algorithm the digest names
+                out.append(PageRead(None, "corrupt", f"{rel}.kv: page {i} digest "
+                                    f"{digest_bytes(page, digest.split(':', 1)[0])} but the store "
                                     f"recorded {digest}"))
             else:
                 out.append(PageRead(page))

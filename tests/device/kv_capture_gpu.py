@@ -49,7 +49,7 @@ import torch  # noqa: E402
 from harness.kv import digest_triton as dt  # noqa: E402
 from harness.kv.capture import PageTag, read_capture  # noqa: E402
 from harness.kv.capture_write import CaptureWriter  # noqa: E402
-from harness.kv.digest import device_digests, digest_bytes, fused_digests, fused_lane_sums  # noqa: E402
+from harness.kv.digest import NAME, device_digests, digest_bytes, fused_digests, fused_lane_sums  # noqa: E402
 from harness.kv.pages import PageRef  # noqa: E402
 
 RESULTS: dict = {"checks": {}, "rates": {}, "errors": {}}
@@ -117,7 +117,7 @@ def correctness(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.devi
     bad = 0
     for kv in cache:
         got = fused_digests(kv, sample, lay)
-        bad += sum(g != digest_bytes(host_page(kv, b)) for g, b in zip(got, sample, strict=True))
+        bad += sum(g != digest_bytes(host_page(kv, b), NAME) for g, b in zip(got, sample, strict=True))
     c["fused_eq_host"] = {"pages": len(sample) * len(cache), "mismatches": bad}
     sub = ids[:512]
     fused = fused_digests(cache[0], sub, lay)
@@ -129,7 +129,7 @@ def correctness(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.devi
     lay2 = dt.layout_of(kv2, 1)
     picks = list(range(0, n2, max(1, n2 // 11)))
     got = fused_digests(kv2, picks, lay2)
-    want = [digest_bytes(kv2[:, b].contiguous().view(torch.uint8).cpu().numpy().tobytes()) for b in picks]
+    want = [digest_bytes(kv2[:, b].contiguous().view(torch.uint8).cpu().numpy().tobytes(), NAME) for b in picks]
     c["split_layout_eq_host"] = {"pages": len(want), "mismatches": sum(a != b for a, b in zip(got, want, strict=True))}
     dtypes = {"float32": torch.float32, "float16": torch.float16}
     if hasattr(torch, "float8_e4m3fn"):
@@ -138,7 +138,7 @@ def correctness(cache: list[torch.Tensor], ids: torch.Tensor, device: torch.devi
         raw = torch.randint(0, 256, (256, 2, 16, 8, 256), dtype=torch.uint8, device=device)  # 64 KiB pages
         kv = raw.view(dtype)
         got = fused_digests(kv, list(range(0, 256, 17)), dt.layout_of(kv))
-        want = [digest_bytes(host_page(kv, b)) for b in range(0, 256, 17)]
+        want = [digest_bytes(host_page(kv, b), NAME) for b in range(0, 256, 17)]
         c[f"fused_eq_host_{name}"] = {"pages": len(want), "mismatches": sum(a != b for a, b in zip(got, want, strict=True))}
     # one flipped byte changes exactly its page
     kv = cache[min(2, len(cache) - 1)]

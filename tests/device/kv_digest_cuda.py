@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from harness.kv.digest import as_page_bytes, digest_bytes, page_digests  # noqa: E402
+from harness.kv.digest import NAME, as_page_bytes, digest_bytes, page_digests  # noqa: E402
 
 
 def timed(fn, reps: int = 10) -> float:  # noqa: ANN001
@@ -48,7 +48,7 @@ def check(dtype: torch.dtype, blocks: int, n_pages: int, heads: int, block: int,
     pages = cache[ids]
     dev = page_digests(pages)
     host = as_page_bytes(pages).cpu().numpy()
-    bad = [i for i in range(0, n_pages, max(1, n_pages // 64)) if digest_bytes(host[i].tobytes()) != dev[i]]
+    bad = [i for i in range(0, n_pages, max(1, n_pages // 64)) if digest_bytes(host[i].tobytes(), NAME) != dev[i]]
     victim, offset = n_pages // 3, host.shape[1] // 2 + 1
     flipped = pages.clone()
     as_page_bytes(flipped)[victim, offset] ^= 1

@@ -3,7 +3,8 @@ where the CPU lacks AVX-512), a configuration vLLM refuses everywhere, and trans
 cache vs the plain one.
 
 vLLM engine starts (≈1 min each on 2 cores): arm A once (shared), bf16, fp8, and one refusal
-(which vLLM reaches after about a minute of start-up).
+(which vLLM reaches after about a minute of start-up); the session's engine pool keeps them up, so
+test_full_vocab_vllm runs on arm A's engine and test_gate_smoke gets the refusal without a start.
 """
 
 from __future__ import annotations

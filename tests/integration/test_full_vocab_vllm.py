@@ -1,6 +1,7 @@
 """Whole distributions from the real vLLM: the engine-core hook's rows are bit for bit vLLM's own.
 
-One engine start (about a minute on 2 cores). tiny-llama's vocabulary is 512 ids, so the same run
+One engine start (about a minute on 2 cores), or none when the session's engine pool still has
+test_ab's arm A up (the same configuration: fp32, every logprob allowed). tiny-llama's vocabulary is 512 ids, so the same run
 can ask vLLM for every logprob as its own dicts (top-512) and compare them with the rows the hook
 wrote into the ``.npy`` files, for generated positions and for teacher-forced scores.
 """

@@ -1,8 +1,10 @@
 """The gate end to end with the REAL pinned vLLM oracle and real transformers.
 
-Engine starts here (≈1 min each on 2 cores): one to record goldens from scratch, one to record
-them under emulated AVX2 (``HARNESS_CPU_ISA=avx2``), one for the ``vllm`` candidate, one refused
-configuration. Everything else reuses goldens. Floats are compared bit for bit only within one
+Engine starts here (≈1 min each on 2 cores): one to record them under emulated AVX2
+(``HARNESS_CPU_ISA=avx2``, a child harness process), and, unless the session's engine pool has
+them up already, tiny-llama's default engine (it records goldens from scratch, then serves the
+``vllm`` candidate) and a refused configuration (``block_size=16``: its refusal is remembered).
+Everything else reuses goldens. Floats are compared bit for bit only within one
 device class (``harness.device_policy``).
 """
 
@@ -107,7 +109,9 @@ def test_vllm_candidate_passes_its_own_goldens_strictly(workspace: Workspace) ->
     assert rec.outcome == "pass"
     assert all(v.status == "pass" for v in rec.verdicts if v.comparator == "strict"), rec.summary
     assert rec.candidate.version == "0.32.0"
-    assert rec.timings["candidate_engine_start_s"] > rec.timings["candidate_generate_s"]
+    # the session's engine pool may have started this engine for an earlier test (the record says so)
+    assert rec.timings.get("candidate_engine_reused") == 1.0 or (
+        rec.timings["candidate_engine_start_s"] > rec.timings["candidate_generate_s"])
 
 
 def _flip_decisive(outputs: list[Output]) -> list[Output]:

@@ -45,10 +45,15 @@ def test_hybrid_model_runs_in_several_kv_cache_groups_and_hf_matches_it(workspac
     assert rec.model["attention"].startswith("full + sliding-window attention (window 64")
 
 
+@pytest.mark.kv_families
 def test_kv_round_trip_with_three_kv_cache_groups(tmp_path: Path) -> None:
     """The harness store keeps vLLM's hybrid KV-cache manager on (it declares SupportsHMA): three
     groups, pages of every group byte-equal, a sliding-window group restored from its window only
-    (vLLM's null block before it), and the chunk-size refusal naming a group."""
+    (vLLM's null block before it), and the chunk-size refusal naming a group.
+
+    Opt-in (``pytest -m kv_families``): three engine starts (producer, consumer, refusal). Its
+    committed record: reports/records/tiny-gemma3/kv_roundtrip/
+    20261201T175918Z_907f80dba8_kv-harness-store_1cfb52.json (28/28 pages byte-equal, 3 groups)."""
     for sub in ("suites", "models", "goldens"):
         shutil.copytree(REPO_ROOT / sub, tmp_path / sub)
     ws = Workspace(tmp_path)

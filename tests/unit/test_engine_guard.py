@@ -116,3 +116,32 @@ def test_sigterm_stops_a_whole_pytest_run_and_its_engines(tmp_path: Path) -> Non
     assert "SIGTERM" in text, text
     assert not (tmp_path / "two-ran").exists(), "pytest went on with the next test after SIGTERM"
     assert _gone(engine), "the engine outlived the stopped test run"
+
+
+def test_a_passed_descriptor_reaches_the_engine_through_the_guard_and_no_other_does() -> None:
+    """spawn(pass_fds=...) hands the engine a pipe of its own (the engine pool's acknowledgements);
+    a descriptor not named stays closed in the engine."""
+    from harness.engines.procs import kill_group, spawn
+
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    code = (f"import os\nos.write({w}, b'ack')\n"
+            f"try:\n    os.write({w2}, b'x')\nexcept OSError:\n    os.write({w}, b' closed')\n")
+    try:
+        proc = spawn([sys.executable, "-c", code], stdout=subprocess.DEVNULL, pass_fds=(w,))
+    finally:
+        os.close(w)
+    try:
+        assert proc.wait(timeout=60) == 0
+        assert os.read(r, 100) == b"ack closed"
+    finally:
+        kill_group(proc)
+        for fd in (r, r2, w2):
+            os.close(fd)
+
+
+def test_the_guard_refuses_a_malformed_command_line() -> None:
+    guard = Path(__file__).resolve().parents[2] / "harness" / "engines" / "guard.py"
+    for args in (["3"], ["3", "--"], ["3", "--keep=x", "--", "true"], ["3", "true"]):
+        p = subprocess.run([sys.executable, str(guard), *args], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and "usage: guard.py FD [--keep=N ...] -- ARGV" in p.stderr, (args, p)

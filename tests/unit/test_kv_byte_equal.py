@@ -146,6 +146,25 @@ def test_a_capture_whose_bytes_no_longer_match_its_digest_is_an_error() -> None:
     assert v.status == "error" and "capture file corrupted" in v.evidence["errors"][0]["reason"]
 
 
+def test_digests_by_two_algorithms_are_settled_by_the_bytes() -> None:
+    """A producer with xxhash (xxh128) and a consumer without it (mx128): the digests cannot be
+    compared, so the bytes are; equal bytes pass, a flipped byte fails at its offset, and each side's
+    bytes are still checked against its own digest."""
+    ev = evidence()
+    mixed = tuple(MemoryPage(p.ref, digest_bytes(p.data, "mx128"), p.data) for p in ev.restored)
+    assert {p.digest.split(":")[0] for p in ev.written.values()} == {"xxh128"}
+    v = ByteEqual().judge_kv(CASE, replace(ev, restored=mixed))
+    assert v.status == "pass" and v.evidence["equal"] == len(mixed)
+    bad = bytearray(mixed[2].data)
+    bad[77] ^= 4
+    flipped = MemoryPage(mixed[2].ref, digest_bytes(bytes(bad), "mx128"), bytes(bad))
+    v = ByteEqual().judge_kv(CASE, replace(ev, restored=mixed[:2] + (flipped,) + mixed[3:]))
+    assert v.status == "fail" and [(d["offset"], d["count"]) for d in v.evidence["differ"]] == [(77, 1)]
+    liar = MemoryPage(mixed[1].ref, mixed[1].digest, bytes(bad))  # its own mx128 digest no longer holds
+    v = ByteEqual().judge_kv(CASE, replace(ev, restored=mixed[:1] + (liar,) + mixed[2:]))
+    assert v.status == "error" and "capture file corrupted" in v.evidence["errors"][0]["reason"]
+
+
 def test_nothing_expected_and_nothing_restored_passes_and_says_why() -> None:
     v = ByteEqual().judge_kv(CASE, evidence(40))
     assert v.status == "pass" and "no page expected back (40 tokens, chunk 64)" in v.summary
@@ -156,6 +175,8 @@ def test_diff_bytes() -> None:
     assert diff_bytes(b"abc", b"abd") == (2, 1)
     assert diff_bytes(b"abc", b"ab") == (2, 1)
     assert diff_bytes(bytes(8), b"\x01" * 8) == (0, 8)
+    page = bytes(range(256)) * 64
+    assert diff_bytes(page, bytes(bytearray(page))) == (None, 0)  # two buffers, equal bytes
 
 
 def test_registered_and_harmless_on_token_outputs() -> None:

@@ -1,8 +1,8 @@
 """The fused digest kernel's CPU twin and the digest-only capture.
 
 The Triton kernel runs here under Triton's interpreter (``TRITON_INTERPRET=1``, in a child process:
-the switch is read when the kernel is defined): its digests must equal the host digest of the same
-bytes bit for bit, for both cache layouts and for page and group counts that do not divide the
+the switch is read when the kernel is defined): its digests must equal the host's ``mx128`` digest of
+the same bytes bit for bit, for both cache layouts and for page and group counts that do not divide the
 tiles. tests/device/kv_capture_gpu.py runs the same source on a GPU.
 """
 
@@ -38,22 +38,34 @@ for dtype in (torch.bfloat16, torch.float32, torch.uint8):
     raw = torch.randint(0, 256, (13, 2, 4, 2, 16), dtype=torch.uint8, generator=g)  # 512-byte pages
     kv = raw.view(dtype)
     ids = [12, 0, 5, 7, 3, 11, 2]
-    want = [digest_bytes(kv[b].contiguous().view(torch.uint8).numpy().tobytes()) for b in ids]
+    want = [digest_bytes(kv[b].contiguous().view(torch.uint8).numpy().tobytes(), "mx128") for b in ids]
     for block, pages, unroll, partials in ((16, 3, False, False), (64, 8, True, False), (128, 16, False, True),
                                            (256, 5, True, True)):  # tiles and groups with tails, every variant
-        s = fused_lane_sums(kv, ids, dt.layout_of(kv), block=block, pages=pages, num_warps=1, unroll=unroll,
-                         partials=partials)
+        s = fused_lane_sums(kv, ids, dt.layout_of(kv), variant="tiles", block=block, pages=pages, num_warps=1,
+                            unroll=unroll, partials=partials)
         got = format_sums(s.numpy().view(np.uint32), dt.layout_of(kv).nbytes)
-        out[f"{dtype}-{block}-{pages}-{unroll}-{partials}"] = got == want
+        out[f"{dtype}-tiles-{block}-{pages}-{unroll}-{partials}"] = got == want
+    for rows, row_block, stages in ((4, 32, 1), (2, 128, 2), (8, 256, 3)):  # even tiles, a tail tile, padding
+        s = fused_lane_sums(kv, ids, dt.layout_of(kv), variant="rows", rows=rows, row_block=row_block,
+                            stages=stages, row_warps=1)
+        got = format_sums(s.numpy().view(np.uint32), dt.layout_of(kv).nbytes)
+        out[f"{dtype}-rows-{rows}-{row_block}-{stages}"] = got == want
     split = kv.transpose(0, 1).contiguous()  # [2, blocks, ...]: K and V of a block apart
-    got = fused_digests(split, ids, dt.layout_of(split, 1))
-    out[f"{dtype}-split"] = got == [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes())
-                                    for b in ids]
+    want_split = [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes(), "mx128")
+                  for b in ids]
+    for variant in ("rows", "tiles"):
+        s = fused_lane_sums(split, ids, dt.layout_of(split, 1), variant=variant, row_block=32, block=32)
+        out[f"{dtype}-split-{variant}"] = format_sums(s.numpy().view(np.uint32), dt.layout_of(split, 1).nbytes
+                                                      ) == want_split
+    out[f"{dtype}-split-default"] = fused_digests(split, ids, dt.layout_of(split, 1)) == want_split
 kv = torch.randint(0, 256, (9, 1024), dtype=torch.uint8, generator=g)
 before = fused_digests(kv, list(range(9)), dt.layout_of(kv))
 kv[4, 777] ^= 0x10
 after = fused_digests(kv, list(range(9)), dt.layout_of(kv))
 out["flip"] = [a != b for a, b in zip(before, after)] == [i == 4 for i in range(9)]
+# the mx128 bits of records written before the K was taken out of the sums
+old = torch.frombuffer(bytearray(bytes(range(256)) * 4), dtype=torch.uint8).reshape(1, -1)
+out["same_bits_as_before"] = fused_digests(old, [0], dt.layout_of(old)) == ["mx128:baadcea31d19568545224f48895b4488"]
 print(json.dumps(out))
 """
 

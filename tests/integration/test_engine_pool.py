@@ -1,0 +1,72 @@
+"""The session's engine pool on the REAL pinned vLLM: a reused engine gives a fresh engine's bits.
+
+The smoke workload on the pool (the session's tiny-llama engine: started here, or found up), the
+same workload again (served by the live engine, its prefix cache reset: no start, no cached token),
+and once more on a fresh engine of its own (``unpooled``): tokens, top-k ids and every logprob are
+equal bit for bit across the three, and the engine-start ledger says what started. Cost: one engine
+start of its own (the fresh one, about a minute on 2 cores); the pooled engine is the one
+test_gate_smoke, test_matrix, test_openai_vllm_server and test_speed run on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.api import Output
+from harness.engines import ledger
+from harness.engines.pool import EnginePool, unpooled
+from harness.engines.vllm import VLLMRunner
+from harness.models import resolve_model
+from harness.suites import find_suite
+from harness.workspace import Workspace
+
+pytestmark = pytest.mark.integration
+
+
+def differences(a: Sequence[Output], b: Sequence[Output]) -> list[str]:
+    """Where two runs differ, bit for bit (floats compared as their bits: one device, one run)."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x.token_ids != y.token_ids:
+            out.append(f"{x.case_id}: tokens")
+        for name in ("top_ids", "top_logprobs", "chosen_logprobs"):
+            u, v = np.asarray(getattr(x, name)), np.asarray(getattr(y, name))
+            if u.shape != v.shape or u.tobytes() != v.tobytes():
+                out.append(f"{x.case_id}: {name}")
+    return out
+
+
+def test_a_reused_engine_gives_a_fresh_engines_bits(engine_pool: EnginePool, tmp_path: Path) -> None:
+    model = resolve_model("tiny-llama", Workspace.default())
+    suite = find_suite(Workspace.default().suites, "smoke")
+    cases = suite.build_cases(model.encode, model.limits)
+    path = os.environ[ledger.ENV]
+    before = len(ledger.read(path))
+
+    first = VLLMRunner(model, {}, run_dir=tmp_path).run(cases, suite.sampling)
+    again = VLLMRunner(model, {}, run_dir=tmp_path)
+    second = again.run(cases, suite.sampling)
+    assert again.timings["engine_reused"] == 1.0 and again.meta["engine"]["uses"] >= 2
+    # the prefix cache was reset between the workloads: nothing of the first served the second
+    assert all(again.case_meta[c.id]["num_cached_tokens"] == 0 for c in cases), again.case_meta
+    with unpooled():
+        alone = VLLMRunner(model, {}, run_dir=tmp_path)
+        fresh = alone.run(cases, suite.sampling)
+    assert "engine_reused" not in alone.timings and alone.timings["engine_start_s"] > 0
+
+    assert differences(first, second) == [] and differences(first, fresh) == []
+    # the comparison sees one ulp in one logprob
+    lp = np.array(fresh[2].top_logprobs, np.float32, copy=True)
+    lp[3, 0] = np.nextafter(lp[3, 0], np.float32(-np.inf))
+    nudged = [*fresh[:2], Output(fresh[2].case_id, fresh[2].token_ids, fresh[2].text, fresh[2].top_ids, lp,
+                                 fresh[2].chosen_logprobs, fresh[2].finish_reason), *fresh[3:]]
+    assert differences(first, nudged) == [f"{fresh[2].case_id}: top_logprobs"]
+
+    lines = ledger.read(path)[before:]
+    assert [(x["pooled"], x["reused"]) for x in lines[1:]] == [(True, True), (False, False)], lines
+    assert lines[0]["pooled"] and ledger.totals(lines)["starts"] == 1 + (not lines[0]["reused"])

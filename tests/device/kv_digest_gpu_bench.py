@@ -18,15 +18,16 @@ checks (exit status 1 on any failure)
      layout too; one flipped byte changes exactly its page's digest;
 
 rates (CUDA events, median of repeats, the same bytes, side by side)
-  * the limit: a read-only reduction of the cache (``torch.sum`` of each layer viewed as int32),
-    bytes read per second; and a read-only Triton pass over exactly the digested pages through the
-    block table (the kernels' own access pattern, loads and one xor per word);
+  * the limit, the card's read bandwidth: the fastest of three read-only passes, bytes read per
+    second: ``torch.sum`` of each layer viewed as int32 (it widens to int64, so it runs well below
+    the card) and as float32, and a read-only Triton pass over exactly the digested pages through
+    the block table (the kernels' own access pattern, loads and one xor per word);
   * the ``rows`` kernel at each swept configuration (pages per program, tile width, pipelining
     stages, warps), the ``tiles`` kernel at a few; the module defaults;
   * a device-to-device copy (bytes copied per second), as before.
 
 Writes ``<out>/<sha12>-<time>.json`` (a ``harness.bench/1`` record: ``kv.digest_gpu_fused`` is the
-best ``rows`` configuration beside the read-only reduction, goal 80 % of it) and ``kv_digest_gpu.json``
+best ``rows`` configuration beside that limit, goal 80 % of it) and ``kv_digest_gpu.json``
 (everything measured), and prints the configuration to make the default if it is not already.
 """
 
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     t = timed(lambda: [torch.sum(kv.view(-1).view(torch.uint8).view(torch.int32)) for kv in cache])
     r["torch_sum_Bps"] = cache_bytes / t
     r["torch_sum_note"] = "read-only: torch.sum of every layer viewed as int32 (all blocks), bytes read per s"
+    t = timed(lambda: [torch.sum(kv.view(-1).view(torch.uint8).view(torch.float32)) for kv in cache])
+    r["torch_sum_f32_Bps"] = cache_bytes / t  # the same bytes summed as float32: no widening to int64
     dst = [torch.empty_like(kv) for kv in cache[:2]]
     t = timed(lambda: [d.copy_(kv) for d, kv in zip(dst, cache[:2], strict=True)])
     r["d2d_copy_Bps"] = sum(kv.numel() * kv.element_size() for kv in cache[:2]) / t
@@ -252,8 +255,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from harness.perf import Figure, Limit, bench_record, write_bench
 
-    limit = Limit("read-only reduction of the same cache (torch.sum, bytes read)", r["torch_sum_Bps"], "B/s")
-    goal = GOAL * r["torch_sum_Bps"]
+    # The card's read bandwidth is the fastest read-only pass measured here: an int32 torch.sum widens
+    # to int64 and runs far below the card, so it alone would flatter the digest.
+    reads_here = {"torch.sum as int32": r["torch_sum_Bps"], "torch.sum as float32": r["torch_sum_f32_Bps"],
+                  "a Triton read of the digested pages": r["read_gather_best_Bps"]}
+    best_read = max((k for k, v in reads_here.items() if v == v), key=reads_here.__getitem__)
+    r["limit"] = {"what": best_read, "Bps": reads_here[best_read]}
+    limit = Limit(f"the fastest read-only pass over the same cache in this run ({best_read}, bytes read)",
+                  reads_here[best_read], "B/s")
+    goal = GOAL * reads_here[best_read]
     p = {**shape, "pages": pages * a.layers, "bytes": nbytes}
     figs = []
     if "rows_best_Bps" in r:

@@ -233,6 +233,7 @@ def test_the_model_cache_is_ignored_by_git() -> None:
 def test_the_cache_folder_follows_the_env_var(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.workspace import Workspace
 
+    monkeypatch.delenv("HARNESS_MODEL_CACHE", raising=False)  # a shared cache set by the caller
     ws = Workspace(tmp_path / "ws")
     assert ws.model_cache == tmp_path / "ws" / ".cache" / "models"
     monkeypatch.setenv("HARNESS_MODEL_CACHE", str(tmp_path / "shared"))

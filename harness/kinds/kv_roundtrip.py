@@ -52,7 +52,7 @@ def preflight(release: str) -> dict[str, Any] | None:
     release built with a newer compiler than this machine's runtime cannot load them). The compat
     block of a skipped phase when it cannot, None when it can or the wheel cannot tell (then the
     release is installed and asked)."""
-    from harness.engines.venvs import unmet_native_needs, wheel_files
+    from harness.engines.wheels import unmet_native_needs, wheel_files
     from harness.kv.compat import BASE_FILE, missing_in_source
 
     files = wheel_files(release, lambda n: n == BASE_FILE or (n.startswith("vllm/") and n.endswith(".so")))

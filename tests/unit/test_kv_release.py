@@ -266,11 +266,12 @@ def test_the_source_tells_what_a_release_lacks_before_it_is_installed() -> None:
 def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installed(
         workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import harness.engines.venvs as venvs
+    import harness.engines.wheels as wheels
     from harness.pipeline import run_gate
 
     monkeypatch.setenv("HARNESS_VENVS", str(tmp_path / "venvs"))
     asked = []
-    monkeypatch.setattr(venvs, "wheel_files", lambda v, want: asked.append(v) or {
+    monkeypatch.setattr(wheels, "wheel_files", lambda v, want: asked.append(v) or {
         "vllm/distributed/kv_transfer/kv_connector/v1/base.py": OLD_BASE.encode(),
         "vllm/_C.abi3.so": b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.9\x00"})
     monkeypatch.setattr(venvs, "ensure_vllm_venv", lambda *a: pytest.fail("a release that cannot run is "
@@ -287,7 +288,7 @@ def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installe
 
 
 def test_a_native_extension_the_machines_libstdcxx_cannot_load_is_named(tmp_path: Path) -> None:
-    from harness.engines.venvs import unmet_native_needs
+    from harness.engines.wheels import unmet_native_needs
 
     host = tmp_path / "libstdc++.so.6"
     host.write_bytes(b"\x00CXXABI_1.3.13\x00CXXABI_1.3.9\x00GLIBCXX_3.4.21\x00GLIBCXX_3.4.30\x00")

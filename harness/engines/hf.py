@@ -56,6 +56,12 @@ class HFRunner:
         """KV bytes held by the cache after the longest case, read from the cache tensors."""
         self._lm: Any = None
 
+    @property
+    def lm(self) -> Any:
+        """The loaded transformers model (after ``start``): what the sampling driver draws with."""
+        assert self._lm is not None, "start() first"
+        return self._lm
+
     def info(self) -> EngineInfo:
         import transformers
 

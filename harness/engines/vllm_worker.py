@@ -21,7 +21,9 @@ was written (the exit code after it does not matter). An engine start failure wr
 Whole distributions: with "full": {"dir": FOLDER} in the request, every case and score line also
 carries "full": {"path", "rows", "vocab", "capture"}, a ``.npy`` float32 [rows, vocab] file in FOLDER
 whose row t is the engine's log-softmax at position t, column = token id, bit for bit what vLLM
-computes its own logprobs from. The rows are written by a hook in the engine-core process
+computes its own logprobs from ("full": {"dir", "raw": true}: the raw logits instead, before any
+log-softmax: what a repetition penalty, whose effect depends on a logit's sign, applies to).
+The rows are written by a hook in the engine-core process
 (:class:`FullSink`, installed with ``collective_rpc``) straight into the files: no per-position
 dict of the vocabulary is ever built. A release whose model runner lacks the hook's attributes falls
 back to vLLM's own full logprob dicts ("capture": "logprob-dicts"; slow and memory-hungry on a large
@@ -217,8 +219,9 @@ class FullSink:
         rows = [i for i, r in enumerate(batch.req_ids[:n])
                 if not discard[i] and (self.tag(r) or {}).get("kind") == "gen"]
         if rows:
-            lp = self.runner.sampler.compute_logprobs(
-                logits.index_select(0, torch.tensor(rows, device=logits.device))).cpu()
+            picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            raw = bool(self.tags[batch.req_ids[rows[0]]].get("raw"))
+            lp = (picked.float() if raw else self.runner.sampler.compute_logprobs(picked)).cpu()
             for j, i in enumerate(rows):
                 req = batch.req_ids[i]
                 pos = self.next_row.get(req, 0)
@@ -251,7 +254,8 @@ class FullSink:
             if lo >= hi:
                 continue
             h = hidden[offset + lo - start: offset + hi - start]
-            lp = self.runner.sampler.compute_logprobs(self.runner.model.compute_logits(h)).cpu()
+            logits = self.runner.model.compute_logits(h)
+            lp = (logits.float() if tag.get("raw") else self.runner.sampler.compute_logprobs(logits)).cpu()
             for j in range(hi - lo):
                 self._write(tag, lo + j - first, lp[j])
         self.seconds += time.perf_counter() - t0
@@ -308,9 +312,9 @@ def full_sink_report(worker: Any) -> dict[str, Any]:
 class FullFiles:
     """Worker side: the ``.npy`` files of one run, created before the engine writes into them."""
 
-    def __init__(self, folder: str, vocab: int, hooked: bool) -> None:
+    def __init__(self, folder: str, vocab: int, hooked: bool, raw: bool = False) -> None:
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.vocab, self.hooked = folder, vocab, hooked
+        self.folder, self.vocab, self.hooked, self.raw = folder, vocab, hooked, raw
         self.files: dict[str, dict[str, Any]] = {}
 
     def new(self, name: str, kind: str, rows: int, first: int = 0) -> dict[str, Any]:
@@ -319,7 +323,8 @@ class FullFiles:
 
         path = os.path.join(self.folder, f"{name}.npy")
         mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(max(rows, 1), self.vocab))
-        tag = {"path": path, "kind": kind, "rows": rows, "first": first, "offset": int(mm.offset)}
+        tag = {"path": path, "kind": kind, "rows": rows, "first": first, "offset": int(mm.offset),
+               **({"raw": True} if self.raw else {})}
         del mm
         self.files[path] = tag
         return tag
@@ -446,10 +451,13 @@ def _full_files(llm: Any, full: dict | None) -> tuple[FullFiles | None, str | No
     if not full:
         return None, None
     vocab = int(llm.llm_engine.model_config.get_vocab_size())
+    raw = bool(full.get("raw"))
     try:
         llm.collective_rpc(install_full_sink)
-        return FullFiles(full["dir"], vocab, True), None
+        return FullFiles(full["dir"], vocab, True, raw), None
     except Exception as e:  # noqa: BLE001 - an older runner: fall back to vLLM's own dicts
+        if raw:  # vLLM's dicts hold logprobs: raw logits need the hook
+            raise
         return FullFiles(full["dir"], vocab, False), f"{type(e).__name__}: {e}"[:300]
 
 

@@ -183,7 +183,7 @@ class Double:
         self._cdf = {
             t.id: [np.cumsum(r.probs) for r in faulty_references(plan, t, fault)]
             for t in self._tests.values()
-            if t.refused is None
+            if t.runs
         }
 
     def traits(self) -> SamplerTraits:
@@ -249,7 +249,7 @@ def stated_power(plan: Plan, fault: Fault) -> dict[str, float]:
     level = plan.level
     miss: dict[str, float] = {}
     for t in plan.tests:
-        if t.refused or t.setting.param not in fault.params:
+        if not t.runs or t.setting.param not in fault.params:
             continue
         alt = faulty_references(plan, t, fault)
         p_alt = (
@@ -281,7 +281,7 @@ def _worst(statuses: Sequence[str]) -> str:
 
 def controls(plan: Plan, traits: SamplerTraits, decode: Any = None) -> tuple[list[Control], dict[str, Any]]:
     """Every planted double through the gate's own judge: (controls, the record's facts)."""
-    params = sorted({t.setting.param for t in plan.tests if t.refused is None})
+    params = sorted({t.setting.param for t in plan.tests if t.runs})
     passes = plan.passes(("repeat", "alone") if traits.seed_scope == "request" else ("repeat",))
     facts: dict[str, Any] = {}
     out: list[Control] = []
@@ -357,7 +357,7 @@ def false_positive_rate(
     if repetitions <= 0:
         return {"repetitions": 0}
     d = Double(plan, traits)
-    main = SamplePass("main", tuple(t.request() for t in plan.tests if t.refused is None))
+    main = SamplePass("main", tuple(t.request() for t in plan.tests if t.runs))
     failures, which = 0, {}
     for rep in range(repetitions):
         d.seed_offset = (first_seed + rep) * 7919

@@ -123,7 +123,7 @@ def statistics(
     outs = [
         outcome(t, main.get(t.id), plan.level, pw, gs.min_expected, gs.max_cells)
         for t in plan.tests
-        if t.refused is None
+        if t.runs
     ]
     fitted = [i for i, o in enumerate(outs) if o.fit is not None and o.fit.method != "none"]
     rej, adj = gof.holm([outs[i].fit.p for i in fitted], gs.alpha)  # type: ignore[union-attr]
@@ -276,7 +276,7 @@ def logprobs(plan: Plan, main: Mapping[str, Samples], traits: SamplerTraits) -> 
     by: dict[str, _Deltas] = {}
     for t in plan.tests:
         s = main.get(t.id)
-        if t.refused or s is None or s.error or s.logprobs is None:
+        if not t.runs or s is None or s.error or s.logprobs is None:
             continue
         tokens, lps = np.asarray(s.tokens), np.asarray(s.logprobs, np.float64)
         d = by.setdefault(t.setting.id, _Deltas())
@@ -357,6 +357,9 @@ def verdicts(
         for t in plan.tests
         if t.refused
     ]
+    vs += [Verdict(t.id, comparator(t), "skip", f"{comparator(t)} {t.id}: not drawn: {t.skip}",
+                   evidence={"reason": t.skip, "p_path": t.p_path})
+           for t in plan.tests if t.skip and not t.refused]
     vs += determinism(plan, results, traits)
     vs += logprobs(plan, main, traits)
     return vs, outs, rejected

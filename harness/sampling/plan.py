@@ -321,6 +321,13 @@ class Test:
     """The cells of the fit of ``judged`` draws (what the power is stated for)."""
     refused: str | None = None
     """Why the engine cannot run it (a parameter it does not have)."""
+    skip: str | None = None
+    """Why it is not drawn: the oracle's path is so unlikely under the setting that the capped
+    draws would judge fewer than :data:`MIN_JUDGED`."""
+
+    @property
+    def runs(self) -> bool:
+        return self.refused is None and self.skip is None
 
     @property
     def reference(self) -> Reference:
@@ -348,10 +355,10 @@ class Plan:
     @property
     def level(self) -> float:
         """The Bonferroni level every stated power is computed at (Holm's first step)."""
-        return self.gs.alpha / max(1, sum(t.refused is None for t in self.tests))
+        return self.gs.alpha / max(1, sum(t.runs for t in self.tests))
 
     def passes(self, lanes: Sequence[str] = ("repeat", "alone")) -> tuple[SamplePass, ...]:
-        main = tuple(t.request() for t in self.tests if t.refused is None)
+        main = tuple(t.request() for t in self.tests if t.runs)
         det = tuple(t.request(self.gs.repeat_draws, f"{t.id}#det") for t in self.det)
         out = [SamplePass("main", main + det)]
         if "repeat" in lanes:
@@ -362,7 +369,7 @@ class Plan:
 
     @property
     def total_draws(self) -> int:
-        return sum(t.draws for t in self.tests if t.refused is None)
+        return sum(t.draws for t in self.tests if t.runs)
 
 
 def candidates(case: Case, greedy: Sequence[int], gs: GateSettings) -> list[int]:
@@ -417,46 +424,38 @@ def make_plan(
         for t in pos:
             for s in gs.settings:
                 raw_tests.append((o, t, s))
-    m = sum(1 for _o, _t, s in raw_tests if not _refusal(s, missing))
-    level = gs.alpha / max(1, m)
-    tests, det, seen = [], [], set()
-    for i, (o, t, s) in enumerate(raw_tests):
+    built = []
+    for o, t, s in raw_tests:
         prefix = tuple(o.case.prompt_ids) + tuple(o.greedy[:t])
         path = tuple(o.greedy[t : t + s.step])
-        refs, raws, p_path = [], [], 1.0
+        refs, p_path = [], 1.0
         for j in range(s.step + 1):
             hist = History(prefix + path[:j], path[:j])
-            ref = transform(o.rows[t + j], s.sampling, hist, chain, tol=gs.boundary_tol)
-            refs.append(ref)
-            raws.append(o.rows[t + j])
+            refs.append(transform(o.rows[t + j], s.sampling, hist, chain, tol=gs.boundary_tol))
             if j < s.step:
-                p_path *= float(ref.probs[path[j]])
-        refusal = _refusal(s, missing)
-        judged, draws = judged_draws(refs[-1], p_path, level, gs)
+                p_path *= float(refs[-1].probs[path[j]])
+        expect = gs.max_draws * p_path - 3.1 * math.sqrt(gs.max_draws * p_path * (1 - p_path))
+        skip = None if expect >= MIN_JUDGED else (
+            f"the oracle's path {list(path)} has probability {p_path:.2g} under this setting: "
+            f"{gs.max_draws} draws would judge fewer than {MIN_JUDGED}")
+        built.append((o, t, s, prefix, path, refs, p_path, _refusal(s, missing), skip))
+    level = gs.alpha / max(1, sum(1 for b in built if b[7] is None and b[8] is None))
+    tests, det, seen = [], [], set()
+    for i, (o, t, s, prefix, path, refs, p_path, refusal, skip) in enumerate(built):
+        judged, draws = judged_draws(refs[-1], p_path, level, gs) if skip is None else (0, 0)
         planned = gof.cells_for(refs[-1].probs, judged, gs.min_expected, gs.max_cells, refs[-1].ranked)
-        test = Test(
-            f"{o.case.id}@{t}/{s.id}",
-            o.case.id,
-            t,
-            s,
-            prefix,
-            path,
-            tuple(refs),
-            tuple(raws),
-            p_path,
-            draws,
-            judged,
-            gs.seed + i * SEED_SPACING,
-            planned,
-            refusal,
-        )
+        raws = tuple(o.rows[t + j] for j in range(s.step + 1))
+        test = Test(f"{o.case.id}@{t}/{s.id}", o.case.id, t, s, prefix, path, tuple(refs), raws, p_path,
+                    draws, judged, gs.seed + i * SEED_SPACING, planned, refusal, skip)
         tests.append(test)
-        if s.id not in seen and refusal is None:
+        if s.id not in seen and test.runs:
             seen.add(s.id)
             det.append(test)
     return Plan(gs, chain, tuple(tests), tuple(det), tuple(skipped))
 
 
+MIN_JUDGED = 20
+"""A test whose capped draws would follow the oracle's path fewer times than this is not drawn."""
 PLAN_MARGIN = 1.1
 """Draws are planned by the asymptotic critical value, then 10 % more: the exact (Monte Carlo) one
 is a little higher. The judge states the exact detectable TV of every test it judged."""

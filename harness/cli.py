@@ -19,6 +19,8 @@ from harness.goldens import GoldenError
 from harness.models.built import ModelBuildError
 from harness.records import RecordError
 from harness.registry import Registry, UnknownName
+from harness.sampling.command import HELP as SAMPLING_HELP
+from harness.sampling.command import cmd_sampling, sampling_args
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -414,6 +416,9 @@ def cmd_merge(a: argparse.Namespace, ws: Workspace) -> int:
                   + (f"wrote {', '.join(p.name for p in m.written)}" if m.written else "pages unchanged"),
                   highlight=False)
     return 0 if m.ok else 1
+
+
+command("sampling", SAMPLING_HELP, sampling_args)(cmd_sampling)
 
 
 def build_parser() -> argparse.ArgumentParser:

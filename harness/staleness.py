@@ -312,6 +312,7 @@ KIND_RULES: Mapping[str, Rule] = {
     "kv_roundtrip": oracle_reasons,
     "ab": reference_reasons,
     "invariance": invariance_reasons,
+    "sampling": reference_reasons,  # the oracle ran beside the candidate (rec.oracle: spec, version)
 }
 """Record kind -> its own staleness rule (after the candidate and harness rules every record has)."""
 

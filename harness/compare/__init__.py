@@ -154,6 +154,20 @@ def _kv_hits(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
     return KVHits()
 
 
+@COMPARATORS.register("sampling", help="the sampling gate's bars: support, fit under Holm, power", meta={
+    "alpha": Param("number", 0.01, "family-wise false-positive rate over every fit of a record (Holm)"),
+    "power": Param("number", 0.9, "the power every detectable TV is stated at"),
+    "target_tv": Param("number", 0.1, "the TV each test draws enough to detect"),
+    "min_expected": Param("number", 5.0, "smallest expected count of a cell of its own"),
+    "max_cells": Param("int", 16, "cells per fit, the pooled rest included"),
+    "boundary_tol": Param("number", 1e-3, "borderline width of a truncation (nats; top-p: probability)"),
+    "logprob_tol": Param("number", 1e-3, "largest |engine logprob - reference| (nats)")})
+def _sampling(p: Mapping[str, Any], decode: Decode | None) -> Comparator:
+    from harness.sampling.bars import SamplingBars
+
+    return SamplingBars(p)
+
+
 def check_params(name: str, params: Mapping[str, Any], where: str) -> None:
     """Raise :class:`ParamError` (naming ``where``, the table and the key) for an unknown key or a
     value of the wrong type. ``gate`` is the pipeline's, not the comparator's."""

@@ -342,6 +342,9 @@ class SampleRequest:
     """temperature, top-k, top-p, min-p and penalties; ``seed`` is the first draw's seed (draw i:
     ``seed + i`` where the engine seeds requests; one seed per call where it does not)."""
     n: int
+    path: tuple[int, ...] = ()
+    """The oracle's tokens a draw is judged after: a driver may stop a draw once it leaves them
+    (what would follow is never judged)."""
 
 
 @dataclass(frozen=True, slots=True)

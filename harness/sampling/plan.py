@@ -340,6 +340,7 @@ class Test:
             self.prefix,
             replace(self.setting.sampling, seed=self.seed),
             self.draws if n is None else n,
+            self.path,
         )
 
 

@@ -2,9 +2,11 @@
 
 The :class:`~harness.engines.llamacpp.LlamaCppRunner` of the same spec builds the venv and writes
 the GGUF (F32 by default: the oracle's weights bit for bit); the draws run in that venv
-(:mod:`.llamacpp_worker`: ``Llama.generate`` with ``create_completion``'s seeding, token-id
-prompts — the server refuses those). Draws are made one at a time, so there is no batch to be
-invariant to; the same seed twice must still give the same tokens.
+(:mod:`.llamacpp_worker`), with token-id prompts (the server refuses those): the statistical draws
+apply the sampler chain ``Llama.generate`` builds to the engine's own logits along the oracle's
+path, and the requests the determinism lanes replay go through ``Llama.generate`` itself, prefix
+cache and all. Draws are made one at a time, so there is no batch to be invariant to; the same seed
+twice must still give the same tokens.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class LlamaCppSampler:
         assert venv is not None and gguf is not None, "start() first"
         work = Path(tempfile.mkdtemp(prefix="sampling-llamacpp-", dir=self.run_dir))
         req, res, log = work / "request.json", work / "result.jsonl", work / "worker.log"
+        replayed = {r.key for p in passes if p.name != "main" for r in p.requests}
         req.write_text(
             json.dumps(
                 {
@@ -73,7 +76,10 @@ class LlamaCppSampler:
                                 {
                                     "key": r.key,
                                     "prompt_ids": list(r.prompt_ids),
+                                    "path": list(r.path),
                                     "n": r.n,
+                                    # what the lanes replay runs through Llama.generate itself
+                                    "via": "generate" if r.key in replayed else "chain",
                                     "sampling": {
                                         **params(r.sampling),
                                         "max_tokens": r.sampling.max_tokens,

@@ -1,4 +1,4 @@
-# The front door. Every target is documented in README.md.
+# The front door. Every target is documented in docs/ (docs/commands.md; tests/unit/test_docs.py checks).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance sampling
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs sampling
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record"
@@ -38,6 +38,8 @@ help:
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
 	@echo "make plan [DEVICE=cpu|cuda] [SHARD=i/n]                    the fleet matrix (fleet.toml) as CI matrix JSON"
 	@echo "make fleet [DEVICE=cpu] [SHARD=i/n] [WORKERS=auto]         run the matrix entries as pytest items (xdist)"
+	@echo "make show RECORD=... [MARKDOWN=1]                         a record as tables (or Markdown for a CI summary)"
+	@echo "make docs                                                 the documentation site (mkdocs, strict) into site/"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
 # DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
@@ -73,7 +75,7 @@ list: venv
 	$(BIN)/harness list
 
 show: venv
-	$(BIN)/harness show '$(RECORD)'
+	$(BIN)/harness show $(if $(filter 1,$(MARKDOWN)),--markdown) '$(RECORD)'
 
 # pytest exits 5 when it collects no test: that is a failure here, as it is in CI.
 test: venv
@@ -128,7 +130,7 @@ sampling: venv
 		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),sampling)' \
 		$(foreach c,$(CANDIDATE),--candidate '$(c)')
 
-# The fleet (README "Running on a fleet"): the plan as CI matrix JSON, and the entries as pytest items.
+# The fleet (docs/fleet.md): the plan as CI matrix JSON, and the entries as pytest items.
 plan:
 	$(PYTHON) -m harness.fleet plan --matrix '$(MATRIX)' --device $(DEVICE) $(if $(SHARD),--shard $(SHARD))
 
@@ -140,3 +142,8 @@ fleet: venv
 # per run under reports/bench/ (schema in harness/perf.py).
 bench: venv
 	$(BIN)/python benchmarks/bench.py
+
+# The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a page
+# missing from the nav, fails it. tests/unit/test_docs.py runs the same build in `make test`.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site

@@ -11,7 +11,8 @@ Data flows one way::
 * An :class:`Output` is what a runner produced for one case: generated ids plus per-position top-k
   logprobs.
 * A :class:`Comparator` turns (oracle output, candidate output, case) into a :class:`Verdict`. It
-  never asserts and never prints.
+  never asserts and never prints. Some also judge a whole run (:class:`RunComparator`) or the pages
+  of a KV round trip (:class:`PageComparator`).
 
 Everything the pipeline will ever ask of an engine is declared here: the :class:`Runner` methods,
 the :class:`RunFacts` a runner reports after running (timings, speed, what it could return, KV
@@ -22,14 +23,15 @@ hidden states). The pipeline never probes a runner with ``getattr``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:  # types only: both modules import this one
+if TYPE_CHECKING:  # types only: these modules import this one
     from harness.capabilities import Capabilities
+    from harness.kv.evidence import CaseEvidence
     from harness.speed import Speed
 
 Status = Literal["pass", "fail", "error", "refused", "skip"]
@@ -139,18 +141,9 @@ class Output:
         return None if self.full_logprobs is None else int(self.full_logprobs.shape[1])
 
     def with_tokens(self, token_ids: Sequence[int]) -> Output:
-        """A copy with other generated ids (used by planted mutations and controls)."""
-        return Output(
-            case_id=self.case_id,
-            token_ids=tuple(int(t) for t in token_ids),
-            text=self.text,
-            top_ids=self.top_ids,
-            top_logprobs=self.top_logprobs,
-            chosen_logprobs=self.chosen_logprobs,
-            finish_reason=self.finish_reason,
-            error=self.error,
-            full_logprobs=self.full_logprobs,
-        )
+        """A copy with other generated ids (planted mutations and controls); any other field is
+        changed with :func:`dataclasses.replace`, which copies the rest."""
+        return replace(self, token_ids=tuple(int(t) for t in token_ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +407,11 @@ class Sampler(Protocol):
 
 @runtime_checkable
 class Comparator(Protocol):
-    """Judges a candidate output against the oracle's. Returns a verdict; never asserts or prints."""
+    """Judges a candidate output against the oracle's. Returns a verdict; never asserts or prints.
+
+    Everything else the pipeline needs of a comparator — its parameters, controls, what it needs
+    from the candidate, how it holds across devices — is declared beside it in one
+    :class:`~harness.compare.unit.Unit`."""
 
     key: str
     needs_scores: bool
@@ -422,3 +419,36 @@ class Comparator(Protocol):
     also judges a whole run with ``compare_run``; False: it judges what the candidate generated."""
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict: ...
+
+
+@runtime_checkable
+class RunComparator(Comparator, Protocol):
+    """A comparator that also judges a whole run: every position of every case pooled, one verdict
+    with the case id ``(run)`` (KL, drift, NMSE, trainer-vs-rollout logprobs)."""
+
+    def compare_run(self, oracles: Sequence[Output], candidates: Sequence[Output],
+                    cases: Sequence[Case]) -> Verdict: ...
+
+
+@runtime_checkable
+class PageComparator(Comparator, Protocol):
+    """A comparator of what a KV round trip left behind (pages, hit counts) rather than of outputs."""
+
+    def judge_kv(self, case: Case, evidence: CaseEvidence) -> Verdict: ...
+
+
+def failure_verdicts(comparators: Iterable[str], case_ids: Iterable[str], status: Status, reason: str,
+                     tail: str = "", who: str = "", evidence: Mapping[str, Any] | None = None
+                     ) -> list[Verdict]:
+    """An engine that refused, crashed or could not run: every comparator of every case answers
+    ``status`` with the reason (its first line in the summary, all of it and the engine's log tail in
+    the detail). ``who`` names the engine when a gate runs several (``arm B (vllm)``, ``producer``)."""
+    from harness.excerpt import first_line
+
+    head = first_line(reason) or status
+    summary = f"{status}: {who}: {head}" if who else f"{status}: {head}"
+    detail = reason + (f"\n--- {who + ' ' if who else ''}engine log tail ---\n{tail}" if tail else "")
+    ev = {"reason": reason, **(evidence or {})}
+    case_ids = list(case_ids)
+    return [Verdict(cid, name, status, summary, detail, ev) for name in dict.fromkeys(comparators)
+            for cid in case_ids]

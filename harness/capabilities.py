@@ -22,21 +22,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness import compare
 from harness.api import Case, Comparator, Verdict
+from harness.compare.strict_text import StrictText
+from harness.compare.unit import LOGPROBS, Need
+from harness.excerpt import first_line
 
-Need = Literal["token_ids", "top_logprobs"]
 
-NEEDS: Mapping[str, frozenset[Need]] = {
-    "strict": frozenset({"token_ids"}),
-    "near_tie": frozenset({"token_ids"}),
-    "kl": frozenset({"token_ids", "top_logprobs"}),
-    "nmse": frozenset({"token_ids", "top_logprobs"}),
-    "drift": frozenset({"token_ids", "top_logprobs"}),
-}
-"""What each comparator needs from the *candidate*. A comparator not listed here is assumed to
-need everything (an unknown comparator is skipped as impossible rather than fed half an output)."""
-
-ALL_NEEDS: frozenset[Need] = frozenset({"token_ids", "top_logprobs"})
+def needs(name: str) -> frozenset[Need]:
+    """What comparator ``name`` needs from the *candidate*, as its unit declares it; a name that is
+    not a registered comparator needs everything (skipped as impossible rather than fed half an
+    output)."""
+    found = compare.COMPARATORS.find(name)
+    return found.needs if found is not None else LOGPROBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +85,7 @@ class Capabilities:
         missing = self.missing()
         out = {}
         for name in comparators:
-            lacking = [m for m in sorted(NEEDS.get(name, ALL_NEEDS)) if m in missing]
+            lacking = [m for m in sorted(needs(name)) if m in missing]
             if name == "strict" and lacking == ["token_ids"]:
                 continue  # judged on text
             if lacking:
@@ -111,9 +109,6 @@ class Capabilities:
 def comparator_for(name: str, params: Mapping[str, Any], decode: Callable[[Sequence[int]], str] | None,
                    capabilities: Capabilities | None) -> Comparator | str:
     """The comparator to judge with, or the reason it cannot judge this candidate at all."""
-    from harness import compare
-    from harness.compare.strict_text import StrictText
-
     if capabilities is not None:
         if (why := capabilities.impossible([name]).get(name)) is not None:
             return why
@@ -123,7 +118,7 @@ def comparator_for(name: str, params: Mapping[str, Any], decode: Callable[[Seque
 
 
 def impossible_verdict(case: Case, comparator: str, why: str) -> Verdict:
-    return Verdict(case.id, comparator, "skip", f"impossible: {why}"[:160],
+    return Verdict(case.id, comparator, "skip", first_line(f"impossible: {why}"),
                    detail=f"{case.id}: {comparator} cannot judge this candidate: {why}",
                    evidence={"impossible": why})
 

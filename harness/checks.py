@@ -18,17 +18,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
-
-import numpy as np
+from typing import Literal
 
 from harness.api import Case, Output, Verdict
 from harness.capabilities import Capabilities
+from harness.compare import greedy
 from harness.compare.greedy import KEY as GREEDY
 from harness.compare.greedy import Greedy
 from harness.compare.tokenizer import KEY as TOKENIZER
 from harness.compare.tokenizer import tokenizer_verdict
-from harness.controls import ControlSet, Mutation, Needs, Planted, register, run_controls
+from harness.controls import run_controls
 from harness.records import Control
 
 CHECKS = (TOKENIZER, GREEDY)
@@ -85,7 +84,7 @@ def check_controls(verdicts: Sequence[Verdict], cases: Sequence[Case], oracles: 
     if TOKENIZER in ran:
         out += tokenizer_controls(cases, decode)
     if GREEDY in ran:
-        out += run_controls(greedy_for(capabilities, decode), cases, oracles)
+        out += run_controls(greedy_for(capabilities, decode), greedy.CONTROLS, cases, oracles)
     return out
 
 
@@ -111,46 +110,3 @@ def tokenizer_controls(cases: Sequence[Case], decode: Callable[[Sequence[int]], 
         out.append(Control(TOKENIZER, name, expect, text, bool(cases) and not wrong,
                            "" if cases else "no cases"))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# greedy's controls
-
-
-def _copy(o: Output, **kw: Any) -> Output:
-    fields = {"case_id": o.case_id, "token_ids": o.token_ids, "text": o.text, "top_ids": o.top_ids,
-              "top_logprobs": o.top_logprobs, "chosen_logprobs": o.chosen_logprobs,
-              "finish_reason": o.finish_reason, "error": o.error}
-    return Output(**{**fields, **kw})
-
-
-def plant_below_top1(comp: Any, case: Case, oracle: Output) -> Planted | str:
-    """Choose the runner-up where the top-1 was decisive (the largest gap in the case)."""
-    if oracle.top_ids is None or oracle.top_logprobs is None:
-        return "no logprobs"
-    ids, lp = np.asarray(oracle.top_ids), np.asarray(oracle.top_logprobs, np.float64)
-    if ids.ndim != 2 or ids.shape[1] < 2 or len(ids) == 0:
-        return "k < 2: no runner-up to choose"
-    gaps = lp[:, 0] - lp[:, 1]
-    t = int(np.argmax(gaps))
-    if not gaps[t] > comp.tie_nats:
-        return "every top-1 is tied with the runner-up"
-    toks = list(oracle.token_ids)
-    toks[t] = int(ids[t, 1])
-    chosen = np.array(oracle.chosen_logprobs if oracle.chosen_logprobs is not None else lp[:, 0],
-                      np.float32, copy=True)
-    chosen[t] = np.float32(lp[t, 1])
-    return Planted(oracle, _copy(oracle, token_ids=tuple(toks), chosen_logprobs=chosen),
-                   f"runner-up chosen {gaps[t]:.3g} nats below the top-1")
-
-
-def plant_oracle_as_is(comp: Any, case: Case, oracle: Output) -> Planted | str:
-    if oracle.top_logprobs is None:
-        return "no logprobs"
-    return Planted(oracle, oracle)
-
-
-register(ControlSet(GREEDY, needs=Needs(logprobs=True, min_k=2, gaps=True), mutations=(
-    Mutation("choose the runner-up where the top-1 is decisive", "fail", plant_below_top1),
-    Mutation("the oracle's own greedy outputs", "pass", plant_oracle_as_is),
-)))

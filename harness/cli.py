@@ -1,4 +1,4 @@
-"""The ``harness`` command. The Makefile calls it; every subcommand is documented in README.md.
+"""The ``harness`` command. The Makefile calls it; every subcommand is documented in docs/.
 
 Exit codes: 0 pass, 1 the gate failed (fail/error/refused/vacuous), 2 bad input (unknown model,
 suite or candidate; malformed suite; missing or stale goldens).
@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rich.console import Console
-
 from harness.api import EngineRefused
+from harness.console import stderr as err
+from harness.console import stdout as console
 from harness.engines.venvs import VenvError
 from harness.goldens import GoldenError
 from harness.models.built import ModelBuildError
@@ -26,9 +26,6 @@ from harness.workspace import Workspace
 
 BAD_INPUT = (UnknownName, SuiteError, GoldenError, RecordError, FileNotFoundError, EngineRefused, VenvError,
              ModelBuildError)
-
-console = Console()
-err = Console(stderr=True)
 
 Command = Callable[[argparse.Namespace, Workspace], int]
 COMMANDS: Registry[Command] = Registry("command")
@@ -153,7 +150,10 @@ def cmd_matrix(a: argparse.Namespace, ws: Workspace) -> int:
 
 
 def _show_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("record", type=Path, help="a record file under reports/records/")
+    p.add_argument("record", type=Path, help="a record file under reports/records/, or a folder of "
+                                              "records (its newest)")
+    p.add_argument("--markdown", action="store_true",
+                   help="GitHub-flavoured Markdown, e.g. >> \"$GITHUB_STEP_SUMMARY\"")
 
 
 def _venvs_args(p: argparse.ArgumentParser) -> None:
@@ -180,12 +180,18 @@ def cmd_venvs(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
-@command("show", "print a record as a table", _show_args)
+@command("show", "print a record as a table (--markdown: for a CI job summary)", _show_args)
 def cmd_show(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.records import load_record
+    from harness.records import load_record, newest_record
     from harness.report import print_record
+    from harness.report_markdown import record_markdown
 
-    print_record(load_record(a.record), str(a.record), console)
+    path = newest_record(a.record) if a.record.is_dir() else a.record
+    rec = load_record(path)
+    if a.markdown:
+        sys.stdout.write(record_markdown(rec, str(path)))
+    else:
+        print_record(rec, str(path), console)
     return 0
 
 

@@ -23,12 +23,13 @@ oracle recording is compared with goldens.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from harness.api import Output
+from harness.compare import COMPARATORS
 from harness.device import UNKNOWN
 
 Relation = Literal["same-class", "cross-cpu", "cross-device", "unknown-cpu", "unknown-device"]
@@ -40,7 +41,10 @@ of them, by at most 1.67e-5 (1.43e-5 in c01, as on an AVX2-only CPU); the bound 
 Deeper models accumulate more: tests on them state their own bound."""
 
 
-BARS = ("near_tie", "kl", "nmse", "drift")
+def bars() -> tuple[str, ...]:
+    """The comparators that hold only within their suites' bars whatever the device classes: those
+    whose unit declares ``across_devices = "bar"`` (:mod:`harness.compare.unit`)."""
+    return tuple(e.name for e in COMPARATORS.entries() if e.value.across_devices == "bar")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,7 @@ class DevicePolicy:
     """What must be bit-identical: ``"token_ids"`` (generated ids and top-k ids) and ``"logprobs"``."""
     logprob_atol: float | None
     """Where logprobs are not exact: the bound on |Δ| they must stay within, or None (bars only)."""
-    bars: tuple[str, ...] = BARS
+    bars: tuple[str, ...] = field(default_factory=bars)
     """Comparators that hold only within their suite's bars whatever the classes."""
 
     @property

@@ -128,6 +128,6 @@ def judge_run(comparators: Sequence[Comparator], cases: Sequence[Case], oracles:
     verdicts = tuple(comp.compare_run(o, s, present) for comp in dist)
     mode = next((c.mode for c in dist if isinstance(c, KL)),
                 next((c.mode for c in dist if isinstance(c, Drift)), "auto"))
-    edges = next((tuple(c.edges) for c in dist if isinstance(c, Drift)), DEFAULT_EDGES)
+    edges = next((tuple(c.buckets) for c in dist if isinstance(c, Drift)), DEFAULT_EDGES)
     arm = measure_arm(label, oracles, scores, present, mode, edges)
     return Distribution(verdicts, (arm,), how, edges)

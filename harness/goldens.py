@@ -22,7 +22,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ import numpy as np
 
 from harness.api import Case, EngineInfo, Output, Sampling
 from harness.device import device_block, recorded_class
-from harness.files import sha256_file
+from harness.files import LockTimeout, exchange, locked, sha256_file
 from harness.models import ModelRef
 from harness.pin import OraclePin
 from harness.suites import Suite
@@ -80,6 +81,26 @@ def golden_dir(goldens_root: Path, model: ModelRef, suite_name: str) -> Path:
     return goldens_root / model.slug / suite_name
 
 
+LOCK_TIMEOUT_S = float(os.environ.get("HARNESS_GOLDEN_LOCK_TIMEOUT_S", "3600"))
+
+
+def lock_path(root: Path, slug: str, suite: str) -> Path:
+    """The lock one recording of ``slug``/``suite``'s goldens holds (under the ignored reports/tmp)."""
+    return root / "reports" / "tmp" / "locks" / f"goldens--{slug}--{suite}.lock"
+
+
+@contextmanager
+def recording(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the exclusive ``flock`` on ``path`` (:func:`lock_path`) while goldens are recorded, so two
+    gates on one workspace never run the oracle twice nor swap folders under each other; after
+    ``timeout_s`` name the holder and give up."""
+    try:
+        with locked(path, timeout_s):
+            yield
+    except LockTimeout as e:
+        raise GoldenError(f"{e} (another process recording these goldens)") from None
+
+
 def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence[Case],
                  outputs: Sequence[Output], oracle: EngineInfo, pin: OraclePin,
                  provenance: Mapping[str, Any]) -> Path:
@@ -95,8 +116,11 @@ def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence
     if bad:
         raise GoldenError(f"oracle failed or returned no logprobs for {', '.join(bad)}: "
                           f"not writing goldens to {folder}")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    except OSError as e:
+        raise GoldenError(f"{folder}: cannot write goldens: {e.strerror or e}") from None
     try:
         lines, arrays = [], {}
         for case in sorted(cases, key=lambda c: c.id):
@@ -124,16 +148,22 @@ def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence
             "files": {f: sha256_file(tmp / f) for f in (CASES_FILE, ARRAYS_FILE)},
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        if folder.exists():
+    except OSError as e:  # a full or read-only disk, before anything was swapped in: nothing lost
+        shutil.rmtree(tmp, ignore_errors=True)
+        earlier = "the earlier goldens are untouched" if folder.exists() else "there were none before"
+        raise GoldenError(f"{folder}: the goldens could not be written: {e.strerror or e}. Nothing was "
+                          f"swapped in ({earlier}); free space and record again") from None
+    try:
+        if not folder.exists():
+            os.rename(tmp, folder)
+        elif not exchange(tmp, folder):  # atomic where the kernel can swap two names at once
             old = folder.with_name(f".{folder.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.rename(folder, old)
             os.rename(tmp, folder)
             shutil.rmtree(old)
-        else:
-            os.rename(tmp, folder)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # after an exchange: the earlier goldens
     return folder
 
 

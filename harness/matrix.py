@@ -21,11 +21,13 @@ from typing import Any
 
 from harness.engines.venvs import VenvError, check_version
 from harness.engines.vllm_release import VLLMReleaseRunner
+from harness.excerpt import clip
 from harness.models import resolve_model
 from harness.oracle import load_or_record, measure_speed
 from harness.pin import oracle_pin
 from harness.pipeline import kind_of, run_gate
 from harness.speed import Speed
+from harness.steps import step
 from harness.suites import find_suite
 from harness.workspace import Workspace
 
@@ -80,8 +82,10 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
         for v in order:
             progress(f"vllm@{v}: KV round trip{f' through {connector}' if connector else ''}")
             t0 = time.perf_counter()
-            rows.append(_row(v, run_gate(ws, model_name, suite_name, f"vllm@{v}", connector=connector,
-                                         auto_record=False), t0))
+            with step(f"matrix vllm@{v}: {suite_name} on {model_name}") as s:
+                rows.append(_row(v, run_gate(ws, model_name, suite_name, f"vllm@{v}", connector=connector,
+                                             auto_record=False), t0))
+                s.note = rows[-1].outcome
             progress(f"vllm@{v}: {rows[-1].outcome} — {rows[-1].summary}")
         return rows
     if connector:
@@ -91,9 +95,10 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
         progress(f"timing the oracle (vLLM {pin}) at c{concurrency} once for the whole matrix")
         ws.runs.mkdir(parents=True, exist_ok=True)
         try:
-            oracle = measure_speed(model, golden.cases, golden.sampling, concurrency, ws.runs)
+            with step(f"matrix: timing the oracle (vLLM {pin}) at c{concurrency}"):
+                oracle = measure_speed(model, golden.cases, golden.sampling, concurrency, ws.runs)
         except Exception as e:  # noqa: BLE001 - speed never blocks the correctness matrix
-            oracle = f"oracle speed run failed: {type(e).__name__}: {e}"[:300]
+            oracle = clip(f"oracle speed run failed: {type(e).__name__}: {e}")
     rows = []
     for v in order:
         progress(f"vllm@{v}: {'using the oracle venv' if v == pin else 'venv + gate'}")
@@ -104,8 +109,10 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
                                              f"oracle's for the other releases of this matrix")
         else:
             speed_arg = oracle if oracle is not None else False
-        res = run_gate(ws, model_name, suite_name, f"vllm@{v}", runner=runner, concurrency=concurrency,
-                       speed=speed_arg, auto_record=False)
+        with step(f"matrix vllm@{v}: {suite_name} on {model_name}") as s:
+            res = run_gate(ws, model_name, suite_name, f"vllm@{v}", runner=runner, concurrency=concurrency,
+                           speed=speed_arg, auto_record=False)
+            s.note = res.record.outcome
         if v == pin and runner.facts().speed is not None:
             oracle = runner.facts().speed
         rows.append(_row(v, res, t0))

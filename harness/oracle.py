@@ -20,8 +20,10 @@ from harness.goldens import (
     Golden,
     GoldenError,
     golden_dir,
+    lock_path,
     read_golden,
     record_command,
+    recording,
     staleness,
     write_golden,
 )
@@ -29,6 +31,7 @@ from harness.models import ModelRef
 from harness.pin import OraclePin, oracle_pin
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
 from harness.speed import Speed
+from harness.steps import step
 from harness.suites import Suite
 from harness.workspace import Workspace
 
@@ -42,7 +45,13 @@ def oracle_available() -> str | None:
 
 
 def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None = None) -> Golden:
-    """Run the pinned oracle once over the whole suite and write goldens/<model>/<suite>/."""
+    """Run the pinned oracle once over the whole suite and write goldens/<model>/<suite>/, under the
+    goldens' recording lock (a gate that wants them meanwhile waits, then reads what this wrote)."""
+    with recording(lock_path(ws.root, model.slug, suite.name)):
+        return _record(ws, model, suite, pin)
+
+
+def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None) -> Golden:
     pin = pin or oracle_pin()
     if (why := oracle_available()) is not None:
         raise GoldenError(f"cannot record goldens for {model.name}/{suite.name}: {why}. "
@@ -53,8 +62,9 @@ def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin 
     runner = make_runner(pin.engine, model, RunnerContext(run_dir=ws.runs, name=ORACLE))
     t0 = time.perf_counter()
     try:
-        runner.start()
-        outputs = runner.run(cases, suite.sampling)
+        with step(f"recording goldens {model.name}/{suite.name} with {pin.spec}"):
+            runner.start()
+            outputs = runner.run(cases, suite.sampling)
     except (EngineRefused, EngineFailed) as e:
         tail = e.log_tail if isinstance(e, EngineFailed) else ""
         raise GoldenError(f"the oracle ({pin.spec}) could not run {model.name}/{suite.name}: {e}"
@@ -90,7 +100,9 @@ def load_or_record(ws: Workspace, model: ModelRef, suite: Suite, *, auto_record:
         if not auto_record:
             raise GoldenError(f"no goldens for {model.name}/{suite.name}; "
                               f"record them with: {record_command(model.name, suite.name)}")
-        return record_goldens(ws, model, suite, pin), True
+        with recording(lock_path(ws.root, model.slug, suite.name)):
+            if not (folder / "manifest.json").exists():  # else another gate recorded them meanwhile
+                return record_goldens(ws, model, suite, pin), True
     golden = read_golden(folder, model_name=model.name, suite_name=suite.name)
     why = staleness(golden, model=model, suite=suite, pin=pin, cases=suite.build_cases(model.encode))
     if why:

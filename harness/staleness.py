@@ -12,7 +12,8 @@ Every record is stale when one of these holds (each gives one line of why):
   code that is not in the history. Later commits on the same history do *not* make a record stale:
   that is the candidate SHA's job and re-running gates in CI.
 
-and then by the rules of its gate kind (:data:`KIND_RULES`):
+and then by the rule of its gate kind (each kind's ``stale``, :mod:`harness.kinds`; the building
+blocks are here):
 
 * kinds judged against **goldens** (``parity``, ``kv_roundtrip``): the record's goldens came from
   another oracle release than ``requirements/oracle.txt`` pins now ("goldens predate the pin"); the
@@ -306,19 +307,9 @@ def invariance_reasons(rec: Record, cur: Current) -> list[str]:
 
 
 Rule = Callable[[Record, Current], list[str]]
-
-KIND_RULES: Mapping[str, Rule] = {
-    "parity": oracle_reasons,
-    "kv_roundtrip": oracle_reasons,
-    "ab": reference_reasons,
-    "invariance": invariance_reasons,
-    "sampling": reference_reasons,  # the oracle ran beside the candidate (rec.oracle: spec, version)
-}
-"""Record kind -> its own staleness rule (after the candidate and harness rules every record has)."""
+"""A gate kind's own staleness rule (:meth:`harness.kinds.base.GateKind.stale`)."""
 
 
-def staleness(rec: Record, cur: Current) -> list[str]:
-    """Why ``rec`` no longer describes the tree (empty: it still does)."""
-    rule = KIND_RULES.get(rec.kind)
-    kind = rule(rec, cur) if rule is not None else [f"record kind {rec.kind!r} has no staleness rule"]
-    return candidate_reasons(rec, cur) + harness_reasons(rec, cur) + kind
+def common_reasons(rec: Record, cur: Current) -> list[str]:
+    """The rules every record has, whatever its kind: the candidate SHA and the harness SHA."""
+    return candidate_reasons(rec, cur) + harness_reasons(rec, cur)

@@ -188,17 +188,6 @@ def _full_rows(out: Output, side: str, case_id: str, ids: np.ndarray, lp: np.nda
     return full
 
 
-def is_full_vocab(o_ids: np.ndarray, o_lp: np.ndarray, c_ids: np.ndarray, c_lp: np.ndarray) -> bool:
-    """True when both sides hold the same whole distribution support at every row."""
-    if o_ids.shape != c_ids.shape or o_ids.size == 0:
-        return False
-    if not np.array_equal(np.sort(o_ids, axis=1), np.sort(c_ids, axis=1)):
-        return False
-    mass_o = np.exp(o_lp).sum(axis=1)
-    mass_c = np.exp(c_lp).sum(axis=1)
-    return bool(np.all(np.abs(mass_o - 1) < FULL_MASS_TOL) and np.all(np.abs(mass_c - 1) < FULL_MASS_TOL))
-
-
 def by_id(ids: np.ndarray, lp: np.ndarray) -> np.ndarray:
     """Rows of ``lp`` reordered by ascending token id (full-vocab rows then line up column by column)."""
     return np.take_along_axis(lp, np.argsort(ids, axis=1, kind="stable"), axis=1)

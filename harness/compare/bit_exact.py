@@ -10,14 +10,17 @@ CPU or GPU.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.explain import engine_error, explain_divergence, format_topk
-from harness.compare.strict import first_divergence
+from harness.compare.explain import explain_divergence, format_topk
+from harness.compare.planting import decisive, plant_decisive_flip, plant_identity, top_rows
+from harness.compare.strict import divergence
+from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, Planted, Unit
+from harness.excerpt import INLINE, tail
 
 
 def bits(a: np.ndarray | None) -> np.ndarray | None:
@@ -61,10 +64,9 @@ class BitExact:
     decode: Callable[[Sequence[int]], str] | None = None
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
-        if (err := engine_error(self.key, oracle, candidate, case)) is not None:
-            return err
+        if isinstance(pos := divergence(self.key, oracle, candidate, case), Verdict):
+            return pos
         n = len(oracle.token_ids)
-        pos = first_divergence(oracle.token_ids, candidate.token_ids)
         upto = n if pos is None else pos
         lp = logprob_differences(oracle, candidate, upto)
         ev: dict[str, Any] = {"matched": upto, "tokens": n, "first_divergence": pos,
@@ -98,8 +100,34 @@ class BitExact:
             map(str, oracle.token_ids[max(0, t - 12):t]))
         return "\n".join([
             f"{case.id}: {self.key} FAIL at token {t}/{len(oracle.token_ids)}: same token, other logprobs",
-            f"  prefix     : {prefix[-80:]!r}",
+            f"  prefix     : {tail(prefix, INLINE)!r}",
             f"  token      : {oracle.token_ids[t]}",
             f"  oracle     : chosen {o!r}  {format_topk(oracle, t, self.decode)}",
             f"  candidate  : chosen {c!r}  {format_topk(candidate, t, self.decode)}",
             f"  gap        : {abs(o - c):.3g} nats ({ulps} ulp) on the chosen token"])
+
+
+def plant_one_ulp(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """The same tokens; the chosen logprob (and its top-k entry) one float32 ulp lower at the
+    decisive position: only a comparator of logprob bits can see it."""
+    r = top_rows(oracle)
+    if r is None or oracle.chosen_logprobs is None:
+        return "the golden has no logprobs"
+    if not oracle.token_ids:
+        return "the golden generation is empty"
+    t = min(decisive(oracle), len(oracle.chosen_logprobs) - 1)
+    chosen = np.array(oracle.chosen_logprobs, np.float32, copy=True)
+    old = chosen[t]
+    chosen[t] = np.nextafter(old, np.float32(-np.inf))
+    lp = np.array(oracle.top_logprobs, np.float32, copy=True)
+    lp[t][(r[0][t] == oracle.token_ids[t]) & (lp[t] == old)] = chosen[t]
+    return Planted(oracle, replace(oracle, chosen_logprobs=chosen, top_logprobs=lp),
+                   f"position {t}: {float(old)!r} -> {float(chosen[t])!r}")
+
+
+UNIT = Unit(BitExact, "the same tokens and the same logprobs, bit for bit", needs=TOKENS,
+            across_devices="bits", controls=ControlSet(needs=Needs(logprobs=True), mutations=(
+                Mutation("flip decisive token", "fail", plant_decisive_flip),
+                Mutation("one logprob one ulp lower", "fail", plant_one_ulp),
+                Mutation("unperturbed copy", "pass", plant_identity),
+            )))

@@ -14,15 +14,14 @@ It judges KV pages, not generated tokens: the KV round trip (:mod:`harness.kv.ro
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.kv.capture import CaptureError
-from harness.kv.digest import digest_bytes
-from harness.kv.evidence import CaseEvidence, Page
+from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, PlantedEvidence, Unit
+from harness.kv.evidence import CaptureError, CaseEvidence, MemoryPage, Page
 from harness.kv.pages import PageRef
 
 SHOW = 8
@@ -77,13 +76,21 @@ class PageJudgement:
         return d
 
 
+def _digest(data: bytes) -> str:
+    """The engine's page digest of host bytes. Imported on use: its module carries the GPU kernels
+    (torch), which judging and planting on the host never need."""
+    from harness.kv.digest import digest_bytes
+
+    return digest_bytes(data)
+
+
 def _read_checked(page: Page, side: str) -> bytes | str:
     """The page's bytes, or why they cannot be trusted (unreadable, or not what was digested)."""
     try:
         data = page.read()
     except CaptureError as e:
         return f"{side} bytes unreadable: {e}"
-    if page.digest.startswith("mx128:") and digest_bytes(data) != page.digest:
+    if page.digest.startswith("mx128:") and _digest(data) != page.digest:
         return f"{side} capture file corrupted: its bytes no longer match the digest taken in the engine"
     return data
 
@@ -214,3 +221,51 @@ def summary_line(verdicts: Iterable[Verdict]) -> str:
     if errors:
         text += f", {errors} error"
     return text
+
+
+# ---------------------------------------------------------------------------------------------
+# controls: faults planted in a perfect restore of each case (CaseEvidence.as_written)
+
+
+def _middle(ev: CaseEvidence) -> int | str:
+    if not ev.restored:
+        return f"no page expected back ({ev.prompt_len} tokens, chunk {ev.chunk_size})"
+    i = len(ev.restored) // 2
+    return i if ev.restored[i].nbytes else "the page to plant in is empty"
+
+
+def plant_flip(comp: Any, case: Case, ev: CaseEvidence) -> PlantedEvidence | str:
+    base = ev.as_written()
+    if isinstance(base, str):
+        return base
+    if isinstance(i := _middle(base), str):
+        return i
+    page = base.restored[i]
+    b = bytearray(page.read())
+    at = len(b) // 2
+    b[at] ^= 0x01
+    flipped = MemoryPage(page.ref, _digest(bytes(b)), bytes(b))
+    return PlantedEvidence(replace(base, restored=(*base.restored[:i], flipped, *base.restored[i + 1:])),
+                           f"byte {at} of {page.ref.describe()}")
+
+
+def plant_drop(comp: Any, case: Case, ev: CaseEvidence) -> PlantedEvidence | str:
+    base = ev.as_written()
+    if isinstance(base, str):
+        return base
+    if not base.restored:
+        return f"no page expected back ({ev.prompt_len} tokens, chunk {ev.chunk_size})"
+    return PlantedEvidence(replace(base, restored=base.restored[:-1]), base.restored[-1].ref.describe())
+
+
+def plant_as_written(comp: Any, case: Case, ev: CaseEvidence) -> PlantedEvidence | str:
+    base = ev.as_written()
+    return base if isinstance(base, str) else PlantedEvidence(base)
+
+
+UNIT = Unit(ByteEqual, "every restored KV page byte-equal to what was written", needs=TOKENS,
+            across_devices="any", controls=ControlSet(needs=Needs(pages=True), mutations=(
+                Mutation("flip one byte of one page", "fail", plant_flip),
+                Mutation("drop one page", "fail", plant_drop),
+                Mutation("identical copy", "pass", plant_as_written),
+            )))

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.kl import KL, RUN, KLRows, ModeWish, json_number
+from harness.compare.kl import KL, MODE_HELP, MODES, RUN, KLRows, ModeWish, json_number
+from harness.compare.planting import lower_top1_until, plant_identity, top_rows
+from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
 
 DEFAULT_EDGES = (0, 64, 256, 1024, 4096, 16384)
 
@@ -128,12 +130,11 @@ class Drift:
 
     key = "drift"
     needs_scores = True
-    max_slope_per_1k: float = 1e-3
-    max_growth: float | None = None
-    """Optional bar on last-bucket mean KL / first-bucket mean KL."""
-    edges: tuple[int, ...] = DEFAULT_EDGES
-    min_positions: int = 64
-    mode: ModeWish = "auto"
+    max_slope_per_1k: float = param(1e-3, "number", "bar on the KL slope (nats per 1000 positions)")
+    max_growth: float | None = param(None, "number", "bar on last-bucket / first-bucket mean KL")
+    buckets: tuple[int, ...] = param(list(DEFAULT_EDGES), "edges", "position bucket edges")
+    min_positions: int = param(64, "int", "fewer aligned positions: not judged")
+    mode: ModeWish = param("auto", "choice", MODE_HELP, MODES)
     decode: Callable[[Sequence[int]], str] | None = None
 
     def _kl(self) -> KL:
@@ -157,7 +158,7 @@ class Drift:
         return self.judge(RUN, [r for _, r in ok], note=aligns[0] if len(aligns) == 1 else "mixed")
 
     def profile(self, rows: Sequence[KLRows]) -> DriftProfile:
-        return drift_profile([r.kl for r in rows], [r.same_top for r in rows], self.edges)
+        return drift_profile([r.kl for r in rows], [r.same_top for r in rows], self.buckets)
 
     def judge(self, case_id: str, rows: Sequence[KLRows], note: str = "") -> Verdict:
         p = self.profile(rows)
@@ -180,3 +181,26 @@ class Drift:
                             "  the error grows with the decoded length: the mean KL alone would hide it"])
         return Verdict(case_id, self.key, "fail", f"drift FAIL: {'; '.join(breaches)}", detail=detail,
                        evidence=ev)
+
+
+def plant_drift_ramp(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """Lower the top-1 logprob by a ramp, 0 at the first position to d at the last: KL grows."""
+    r = top_rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    n = min(len(oracle.token_ids), len(r[1]))
+    if n < int(comp.min_positions):
+        return f"{n} positions, fewer than the {comp.min_positions} drift needs"
+
+    def slope(kl: np.ndarray) -> float:
+        return float(np.polyfit(np.arange(n), kl, 1)[0]) * 1000
+
+    return lower_top1_until(oracle, np.arange(n) / (n - 1), slope, max(float(comp.max_slope_per_1k), 0.0),
+                            "slope (nats/1k)")
+
+
+UNIT = Unit(Drift, "growth of KL with position (slope per 1000 tokens)", needs=LOGPROBS, across_devices="bar",
+            controls=ControlSet(needs=Needs(logprobs=True, min_k=2), mutations=(
+                Mutation("KL ramp above slope bar", "fail", plant_drift_ramp),
+                Mutation("unperturbed copy", "pass", plant_identity),
+            )))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from harness.api import Case, Output, Verdict
+from harness.excerpt import INLINE, first_line, tail
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -15,7 +16,7 @@ def engine_error(key: str, oracle: Output, candidate: Output, case: Case) -> Ver
     """An ``error`` verdict when either side failed to produce an output, else None."""
     for side, out in (("oracle", oracle), ("candidate", candidate)):
         if out.error is not None:
-            return Verdict(case.id, key, "error", f"{side} error: {out.error.splitlines()[0][:120]}",
+            return Verdict(case.id, key, "error", first_line(f"{side} error: {out.error}"),
                            detail=f"{side} failed on {case.id}:\n{out.error}", evidence={"side": side})
     return None
 
@@ -59,7 +60,7 @@ def explain_divergence(key: str, oracle: Output, candidate: Output, case: Case, 
          else "(end of output)")
     lines = [
         f"{case.id}: {key} FAIL at token {pos}/{n}",
-        f"  prefix     : {prefix[-80:]!r}",
+        f"  prefix     : {tail(prefix, INLINE)!r}",
         f"  oracle     : {o}  {format_topk(oracle, pos, decode)}",
         f"  candidate  : {c}",
         *[f"  {e}" for e in extra],

@@ -15,12 +15,14 @@ the fix can be sent as ``openai:URL,body.<field>=<value>``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from harness.api import Case, Output, Verdict
+from harness.compare.unit import ControlSet, Mutation, Needs, Planted
+from harness.excerpt import INLINE, first_line, tail
 
 TIE_NATS = 1e-4
 """A chosen token this close to the top-1 counts as tied with it (engines compute both numbers
@@ -79,7 +81,7 @@ class Greedy:
 
     def compare(self, oracle: Output | None, candidate: Output, case: Case) -> Verdict:
         if candidate.error is not None:  # the comparators report the error itself
-            first = candidate.error.splitlines()[0][:120]
+            first = first_line(candidate.error)
             return Verdict(case.id, self.key, "skip", f"not checked: candidate error: {first}",
                            evidence={"kind": "candidate-error"})
         rows = None if candidate.top_logprobs is None else np.asarray(candidate.top_logprobs)
@@ -111,7 +113,7 @@ class Greedy:
                    "request": dict(self.sent)})
         # ids a text-keyed server left unknown (negative) have no text of their own to show
         known = [t for t in candidate.token_ids[:p] if t >= 0]
-        prefix = self.decode(known)[-60:] if self.decode else ""
+        prefix = tail(self.decode(known), INLINE) if self.decode else ""
         detail = "\n".join([
             f"{case.id}: greedy FAIL at token {p}/{n}: the engine did not decode greedily",
             f"  prefix     : {prefix!r}",
@@ -124,3 +126,43 @@ class Greedy:
         return Verdict(case.id, self.key, "fail",
                        f"greedy FAIL at token {p}/{n}: chose a token {mn:.0f} mnats below its own top-1",
                        detail=detail, evidence=ev)
+
+
+# ---------------------------------------------------------------------------------------------
+# controls
+
+
+
+
+def plant_below_top1(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """Choose the runner-up where the top-1 was decisive (the largest gap in the case)."""
+    if oracle.top_ids is None or oracle.top_logprobs is None:
+        return "no logprobs"
+    ids, lp = np.asarray(oracle.top_ids), np.asarray(oracle.top_logprobs, np.float64)
+    if ids.ndim != 2 or ids.shape[1] < 2 or len(ids) == 0:
+        return "k < 2: no runner-up to choose"
+    gaps = lp[:, 0] - lp[:, 1]
+    t = int(np.argmax(gaps))
+    if not gaps[t] > comp.tie_nats:
+        return "every top-1 is tied with the runner-up"
+    toks = list(oracle.token_ids)
+    toks[t] = int(ids[t, 1])
+    chosen = np.array(oracle.chosen_logprobs if oracle.chosen_logprobs is not None else lp[:, 0],
+                      np.float32, copy=True)
+    chosen[t] = np.float32(lp[t, 1])
+    return Planted(oracle, replace(oracle, token_ids=tuple(toks), chosen_logprobs=chosen),
+                   f"runner-up chosen {gaps[t]:.3g} nats below the top-1")
+
+
+def plant_oracle_as_is(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if oracle.top_logprobs is None:
+        return "no logprobs"
+    return Planted(oracle, oracle)
+
+
+CONTROLS = ControlSet(needs=Needs(logprobs=True, min_k=2, gaps=True), mutations=(
+    Mutation("choose the runner-up where the top-1 is decisive", "fail", plant_below_top1),
+    Mutation("the oracle's own greedy outputs", "pass", plant_oracle_as_is),
+))
+"""greedy is a check of the candidate against itself, not a suite's comparator: its controls are
+declared here and run by :func:`harness.checks.check_controls`."""

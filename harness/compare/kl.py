@@ -29,6 +29,9 @@ from harness.compare.aligned import (
     renormalise,
 )
 from harness.compare.explain import RERECORD_HINT, engine_error
+from harness.compare.planting import lower_top1_until, plant_identity, top_rows
+from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
+from harness.excerpt import first_line
 
 
 def json_number(x: Any) -> Any:
@@ -40,6 +43,8 @@ RUN = "(run)"
 """The case id of a verdict about a whole run (all positions of all cases pooled)."""
 
 ModeWish = Literal["auto", "full", "topk"]
+MODES: tuple[ModeWish, ...] = ("auto", "full", "topk")
+MODE_HELP = "capture mode: exact full-vocab, top-k+rest lower bound, or auto"
 REST_FLOOR = 1e-30
 
 
@@ -202,13 +207,12 @@ class KL:
 
     key = "kl"
     needs_scores = True
-    max_mean: float = 1e-3
-    """Bar on the mean KLD (nats)."""
-    max_p99: float | None = None
-    max_max: float | None = None
-    min_same_top: float | None = None
-    """Bar on the share of positions whose top token agrees (0..1)."""
-    mode: ModeWish = "auto"
+    max_mean: float = param(1e-3, "number", "bar on the mean KLD (nats)")
+    max_p99: float | None = param(None, "number", "bar on the p99 KLD")
+    max_max: float | None = param(None, "number", "bar on the largest KLD")
+    min_same_top: float | None = param(None, "number", "bar on the share of positions whose top token "
+                                                       "agrees (0..1)")
+    mode: ModeWish = param("auto", "choice", MODE_HELP, MODES)
     decode: Callable[[Sequence[int]], str] | None = None
 
     def measure(self, oracle: Output, candidate: Output, case: Case) -> tuple[Aligned, KLRows] | Verdict:
@@ -218,7 +222,7 @@ class KL:
             a = align(oracle, candidate, case.id)
             return a, kl_rows(a, self.mode)
         except AlignError as e:
-            return Verdict(case.id, self.key, "error", str(e).splitlines()[0][:160], detail=str(e),
+            return Verdict(case.id, self.key, "error", first_line(str(e)), detail=str(e),
                            evidence={"reason": str(e)})
 
     def breaches(self, s: KLStats) -> list[str]:
@@ -299,3 +303,21 @@ class KL:
 
     def _tok(self, tid: int) -> str:
         return f"{tid} {self.decode([tid])!r}" if self.decode else str(tid)
+
+
+def plant_kl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """Lower the top-1 logprob at every position by d nats (renormalised when the rows are whole)."""
+    r = top_rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    n = min(len(oracle.token_ids), len(r[1]))
+    if n == 0:
+        return "the golden generation is empty"
+    return lower_top1_until(oracle, np.ones(n), lambda kl: float(kl.mean()), float(comp.max_mean), "mean KL")
+
+
+UNIT = Unit(KL, "KL(oracle || candidate) per position, teacher-forced", needs=LOGPROBS, across_devices="bar",
+            controls=ControlSet(needs=Needs(logprobs=True, min_k=2), mutations=(
+                Mutation("perturb above bar", "fail", plant_kl_shift),
+                Mutation("unperturbed copy", "pass", plant_identity),
+            )))

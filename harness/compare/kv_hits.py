@@ -14,9 +14,12 @@ this comparator checks, against ``expected = floor((N - 1) / C) * C``:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from harness.api import Case, Output, Verdict
+from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, PlantedEvidence, Unit
+from harness.excerpt import first_line
 from harness.kv.evidence import CaseEvidence
 
 
@@ -73,7 +76,7 @@ class KVHits:
         name = f"{self.suite}/{case.id}" if self.suite else case.id
         if ev.error is not None or ev.finish_reason == "error":
             why = ev.error or "the engine finished the request with an error"
-            return Verdict(case.id, self.key, "error", f"kv_hits error: {why.splitlines()[0][:120]}",
+            return Verdict(case.id, self.key, "error", first_line(f"kv_hits error: {why}"),
                            detail=f"{name}: kv_hits ERROR\n  {why}", evidence=evidence)
         problems = []
         if ev.engine_cached is None:
@@ -105,3 +108,40 @@ class KVHits:
                  *[f"  {p}" for p in problems]]
         return Verdict(case.id, self.key, "fail", f"kv_hits FAIL: expected {want}, {counts}",
                        detail="\n".join(lines), evidence=evidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# controls: faults planted in a perfect restore of each case (CaseEvidence.as_written)
+
+
+def _hit_base(ev: CaseEvidence) -> CaseEvidence | str:
+    if not ev.expected_hit:
+        return f"no token expected from the connector ({ev.prompt_len} tokens, chunk {ev.chunk_size})"
+    return ev.as_written()
+
+
+def plant_no_cached(comp: Any, case: Case, ev: CaseEvidence) -> PlantedEvidence | str:
+    base = _hit_base(ev)
+    return base if isinstance(base, str) else PlantedEvidence(replace(base, engine_cached=0))
+
+
+def plant_half_restored(comp: Any, case: Case, ev: CaseEvidence) -> PlantedEvidence | str:
+    base = _hit_base(ev)
+    if isinstance(base, str):
+        return base
+    if len(base.restored) < 2:
+        return "fewer than two pages to restore half of"
+    return PlantedEvidence(replace(base, restored=base.restored[: len(base.restored) // 2]))
+
+
+def plant_perfect(comp: Any, case: Case, ev: CaseEvidence) -> PlantedEvidence | str:
+    base = _hit_base(ev)
+    return base if isinstance(base, str) else PlantedEvidence(base)
+
+
+UNIT = Unit(KVHits, "the connector serves the expected prefix and the engine uses it", needs=TOKENS,
+            across_devices="any", controls=ControlSet(needs=Needs(pages=True), mutations=(
+                Mutation("engine reports 0 cached tokens (silent recompute)", "fail", plant_no_cached),
+                Mutation("half the claimed pages never restored", "fail", plant_half_restored),
+                Mutation("a perfect restore", "pass", plant_perfect),
+            )))

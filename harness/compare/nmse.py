@@ -21,6 +21,17 @@ from harness.api import Case, Output, Verdict
 from harness.compare.aligned import AlignError, align
 from harness.compare.explain import RERECORD_HINT, engine_error
 from harness.compare.kl import RUN, json_number
+from harness.compare.planting import (
+    OVER_BAR,
+    covers_vocab,
+    log_softmax,
+    plant_identity,
+    top_rows,
+    with_full,
+    with_logprobs,
+)
+from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
+from harness.excerpt import first_line
 
 DEFAULT_MAX_NMSE = 5e-4
 
@@ -91,7 +102,7 @@ class NMSE:
 
     key = "nmse"
     needs_scores = True
-    max_nmse: float = DEFAULT_MAX_NMSE
+    max_nmse: float = param(DEFAULT_MAX_NMSE, "number", "bar (the cross-device bar of a C++ vLLM port)")
     decode: Callable[[Sequence[int]], str] | None = None
 
     def measure(self, oracle: Output, candidate: Output, case: Case
@@ -108,7 +119,7 @@ class NMSE:
                                evidence={"k": list(a.k)})
             f = a.facts()
         except AlignError as e:
-            return Verdict(case.id, self.key, "error", str(e)[:160], detail=str(e))
+            return Verdict(case.id, self.key, "error", first_line(str(e)), detail=str(e))
         return a.alignment, f.sq_err, f.sq_ref
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
@@ -200,3 +211,60 @@ def tensor_verdict(ref: Mapping[str, Mapping[str, np.ndarray]], other: Mapping[s
     return Verdict(case_id, "nmse_tensors", status,
                    f"tensors {status}: {text} (worst {worst['name']} at {worst['worst_case']}@"
                    f"{worst['worst_position']})", detail=detail, evidence=ev)
+
+
+def _noisy_full(full: np.ndarray, n: int, s: float, seed: int = 0) -> tuple[np.ndarray, float]:
+    """Rows ``[:n]`` plus ``s`` x standard normal noise, renormalised, and their reference NMSE
+    against the rows (both in float64 slices of about 2^18 values)."""
+    out = np.empty((n, full.shape[1]), np.float32)
+    num = den = 0.0
+    rng = np.random.default_rng(seed)
+    step = max(1, (1 << 18) // full.shape[1])
+    for lo in range(0, n, step):
+        ref = np.asarray(full[lo:min(n, lo + step)], np.float64)
+        x = log_softmax(ref + s * rng.standard_normal(ref.shape))
+        out[lo:lo + len(ref)] = x
+        num += float(((x - ref) ** 2).sum())
+        den += float((ref**2).sum())
+    return out, (num / den if den else float("inf"))
+
+
+def reference_nmse(ref: np.ndarray, x: np.ndarray) -> float:
+    den = float((ref**2).sum())
+    return float(((x - ref) ** 2).sum()) / den if den else float("inf")
+
+
+def plant_nmse_noise(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """Add s x standard normal noise to the whole rows, renormalised, for the smallest s whose
+    reference NMSE reaches 10x the bar."""
+    r = top_rows(oracle)
+    if r is None:
+        return "the golden has no logprobs"
+    full = oracle.full_logprobs
+    ids, lp = r
+    if full is None and not covers_vocab(lp):
+        return f"NMSE needs full-vocab logprobs; the goldens hold top-{ids.shape[1]}"
+    n = min(len(oracle.token_ids), len(full)) if full is not None else len(lp)
+    if n == 0:
+        return "the golden generation is empty"
+    bar = float(comp.max_nmse)
+    noise = np.random.default_rng(0).standard_normal(lp.shape) if full is None else None
+    for s in (1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0):
+        if full is not None:
+            c, v = _noisy_full(full, n, s)
+        else:
+            c = log_softmax(lp + s * noise)
+            v = reference_nmse(lp, c)
+        if v >= OVER_BAR * bar:
+            planted = with_full(oracle, c) if full is not None else with_logprobs(oracle, c)
+            where = " on the full rows" if full is not None else ""
+            return Planted(oracle, planted, f"noise {s:g}{where}: reference NMSE {v:.3g} >= "
+                                            f"{OVER_BAR:g}x bar {bar:g}")
+    return f"no perturbation reaches {OVER_BAR:g}x the NMSE bar"
+
+
+UNIT = Unit(NMSE, "normalised squared error of full-vocab logprob vectors", needs=LOGPROBS,
+            across_devices="bar", controls=ControlSet(needs=Needs(logprobs=True, full_vocab=True), mutations=(
+                Mutation("perturb above bar", "fail", plant_nmse_noise),
+                Mutation("unperturbed copy", "pass", plant_identity),
+            )))

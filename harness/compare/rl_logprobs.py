@@ -20,13 +20,15 @@ The oracle side of :meth:`RLLogprobs.compare` is the rollout, the candidate the 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import engine_error
+from harness.compare.planting import OVER_BAR
+from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, Planted, Unit, param
 
 RUN = "(run)"
 """The case id of the verdict that pools every sampled token of a run."""
@@ -71,14 +73,17 @@ BARS = (("mean_abs_delta", "max_mean_abs"), ("p99_abs_delta", "max_p99_abs"),
 class RLLogprobs:
     key = "rl_logprobs"
     needs_scores = False
-    max_mean_abs: float = 1e-3
-    max_p99_abs: float | None = None
-    max_max_abs: float | None = None
-    max_ratio_outside: float = 0.0
-    max_seq_kl: float | None = 1e-3
-    max_support_mismatch: float = 0.0
-    ratio_low: float = 0.8
-    ratio_high: float = 1.25
+    max_mean_abs: float = param(1e-3, "number", "bar on the mean |Δ logprob| per token (nats)")
+    max_p99_abs: float | None = param(None, "number", "bar on the p99 |Δ logprob|")
+    max_max_abs: float | None = param(None, "number", "bar on the largest |Δ logprob|")
+    max_ratio_outside: float = param(0.0, "number", "bar on the share of tokens whose importance ratio "
+                                                    "is outside [ratio_low, ratio_high]")
+    max_seq_kl: float = param(1e-3, "number", "bar on the mean sequence KL(rollout || trainer), k3 "
+                                              "estimate (nats per sequence)")
+    max_support_mismatch: int = param(0, "int", "bar on tokens one side gives -inf (a top-p mask drawn "
+                                                "differently)")
+    ratio_low: float = param(0.8, "number", "lower end of the importance-ratio band")
+    ratio_high: float = param(1.25, "number", "upper end of the importance-ratio band")
     decode: Callable[[Sequence[int]], str] | None = None
 
     def bars(self) -> dict[str, float]:
@@ -116,11 +121,39 @@ class RLLogprobs:
         return self.judge(case.id, rl_stats([oracle.chosen_logprobs], [candidate.chosen_logprobs],
                                             self.ratio_low, self.ratio_high))
 
-    def compare_run(self, pairs: Sequence[tuple[Output, Output]]) -> Verdict:
-        """Every sampled token of a run, pooled (the ``(run)`` verdict)."""
-        good = [(o, c) for o, c in pairs if o.error is None and c.error is None
+    def compare_run(self, oracles: Sequence[Output], candidates: Sequence[Output],
+                    cases: Sequence[Case]) -> Verdict:
+        """Every sampled token of a run, pooled (the ``(run)`` verdict): the rollouts are the
+        ``oracles``, the trainer's scores of their tokens the ``candidates``."""
+        good = [(o, c) for o, c in zip(oracles, candidates, strict=True)
+                if o.error is None and c.error is None
                 and o.chosen_logprobs is not None and c.chosen_logprobs is not None
                 and tuple(o.token_ids) == tuple(c.token_ids)]
         rollout = [o.chosen_logprobs for o, _ in good]
         trainer = [c.chosen_logprobs for _, c in good]
         return self.judge(RUN, rl_stats(rollout, trainer, self.ratio_low, self.ratio_high))  # type: ignore[arg-type]
+
+
+def plant_rl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    """The trainer's logprob of every sampled token lowered by 10x the mean-|Δ| bar."""
+    if oracle.chosen_logprobs is None:
+        return "the rollout has no logprobs"
+    if not oracle.token_ids:
+        return "the rollout is empty"
+    d = OVER_BAR * float(comp.max_mean_abs)
+    chosen = np.asarray(oracle.chosen_logprobs, np.float64) - d
+    return Planted(oracle, replace(oracle, chosen_logprobs=chosen.astype(np.float32)),
+                   f"every token -{d:g} nats ({OVER_BAR:g}x the mean bar)")
+
+
+def plant_scored_copy(comp: Any, case: Case, oracle: Output) -> Planted | str:
+    if oracle.chosen_logprobs is None:
+        return "the rollout has no logprobs"
+    return Planted(oracle, replace(oracle), "")
+
+
+UNIT = Unit(RLLogprobs, "trainer vs rollout logprobs of sampled tokens: |Δ|, importance ratio, sequence KL",
+            needs=TOKENS, across_devices="bar", controls=ControlSet(needs=Needs(logprobs=True), mutations=(
+                Mutation("trainer logprobs shifted above the bar", "fail", plant_rl_shift),
+                Mutation("trainer equals rollout", "pass", plant_scored_copy),
+            )))

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import engine_error, explain_divergence, unmapped
+from harness.compare.planting import plant_decisive_flip, plant_truncate
+from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -17,6 +19,14 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def divergence(key: str, oracle: Output, candidate: Output, case: Case) -> Verdict | int | None:
+    """An ``error`` verdict when either side failed, else the first position where the generated ids
+    part (None: identical): where every comparator of generated tokens starts."""
+    if (err := engine_error(key, oracle, candidate, case)) is not None:
+        return err
+    return first_divergence(oracle.token_ids, candidate.token_ids)
+
+
 @dataclass(frozen=True, slots=True)
 class Strict:
     key = "strict"
@@ -24,10 +34,9 @@ class Strict:
     decode: Callable[[Sequence[int]], str] | None = None
 
     def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
-        if (err := engine_error(self.key, oracle, candidate, case)) is not None:
-            return err
+        if isinstance(pos := divergence(self.key, oracle, candidate, case), Verdict):
+            return pos
         n = len(oracle.token_ids)
-        pos = first_divergence(oracle.token_ids, candidate.token_ids)
         if pos is None:
             return Verdict(case.id, self.key, "pass", f"strict pass: {n}/{n} tokens",
                            evidence={"matched": n, "tokens": n})
@@ -38,3 +47,9 @@ class Strict:
             detail=explain_divergence(self.key, oracle, candidate, case, pos, self.decode),
             evidence={"matched": pos, "tokens": n, "first_divergence": pos},
         )
+
+
+UNIT = Unit(Strict, "token for token identical", needs=TOKENS, across_devices="bits", controls=ControlSet((
+    Mutation("flip decisive token", "fail", plant_decisive_flip),
+    Mutation("drop last token", "fail", plant_truncate),
+)))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import RERECORD_HINT, engine_error
+from harness.excerpt import INLINE, tail
 
 
 def first_text_divergence(a: str, b: str) -> int | None:
@@ -36,7 +37,7 @@ class StrictText:
                            evidence={**ev, "matched_chars": n})
         detail = "\n".join([
             f"{case.id}: strict (text only: the candidate returns no token ids) FAIL at char {pos}/{n}",
-            f"  prefix     : {oracle.text[:pos][-80:]!r}",
+            f"  prefix     : {tail(oracle.text[:pos], INLINE)!r}",
             f"  oracle     : {oracle.text[pos:pos + 40]!r}",
             f"  candidate  : {candidate.text[pos:pos + 40]!r}",
             f"  {RERECORD_HINT}",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from harness.api import Case, Verdict
 from harness.compare.strict import first_divergence
+from harness.excerpt import INLINE, clip, first_line, tail
 
 KEY = "tokenizer"
 
@@ -32,7 +33,7 @@ def tokenizer_verdict(case: Case, served: Sequence[int] | None, how: str,
     ``why``); ``how``: which endpoint said so."""
     n = len(case.prompt_ids)
     if served is None:
-        return Verdict(case.id, KEY, "error", f"tokenizer: not verified ({why})"[:160],
+        return Verdict(case.id, KEY, "error", first_line(f"tokenizer: not verified ({why})"),
                        detail=f"{case.id}: the server's tokenization of the prompt could not be read: {why}",
                        evidence={"how": how, "reason": why})
     pos = first_divergence(case.prompt_ids, served)
@@ -43,8 +44,8 @@ def tokenizer_verdict(case: Case, served: Sequence[int] | None, how: str,
     prefix = decode(case.prompt_ids[:pos]) if decode else " ".join(map(str, case.prompt_ids[:pos][-12:]))
     detail = "\n".join([
         f"{case.id}: tokenizer FAIL at prompt token {pos}/{n}: the server tokenizes the text differently",
-        f"  text       : {case.prompt_text[:80]!r}",
-        f"  prefix     : {prefix[-60:]!r}",
+        f"  text       : {clip(case.prompt_text, INLINE)!r}",
+        f"  prefix     : {tail(prefix, INLINE)!r}",
         f"  oracle     : {_tok(decode, case.prompt_ids, pos)}",
         f"  server     : {_tok(decode, served, pos)}  ({len(served)} ids in all, oracle {n}; read via {how})",
         "  nothing of this case is judged: the two engines would not see the same prompt",

@@ -8,6 +8,8 @@
 * ``vllm-server`` / ``vllm-server@0.31.0``     a vLLM OpenAI server the harness starts and stops
 * ``llamacpp`` / ``llamacpp:gguf=q4_1``         llama.cpp's server (llama-cpp-python), built on first
                                                use, started and stopped by the harness
+* ``ct2`` / ``ortgenai`` / ``openvino`` / ``mistralrs``  engines from PyPI in their own venvs, on the
+                                               model converted on first use (docs/engines-cpu.md)
 
 A new engine is one module that registers a factory in :data:`ENGINES` (see
 :mod:`harness.engines.base`) and one import below; nothing else changes.
@@ -20,9 +22,13 @@ from collections.abc import Mapping
 from harness.api import Runner
 from harness.engines import (  # noqa: F401 - they register
     cmd,
+    ct2,
     hf,
     llamacpp,
+    mistralrs,
     openai,
+    openvino,
+    ortgenai,
     vllm,
     vllm_release,
     vllm_server,

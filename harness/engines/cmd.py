@@ -39,7 +39,7 @@ import numpy as np
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
 from harness.engines.base import ENGINES, RunnerContext
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.procs import kill_group, spawn
 from harness.models import ModelRef
 from harness.speed import Speed
 
@@ -160,12 +160,10 @@ class CmdRunner:
         t0 = time.perf_counter()
         with self.log_path.open("wb") as err:
             try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if use_file else subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True,
-                                        preexec_fn=parent_death_signal())
+                proc = spawn(argv, stdin=subprocess.DEVNULL if use_file else subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=err, env=env)
             except OSError as e:
                 raise EngineFailed(f"{self.name}: cannot start {argv[0]!r}: {e}") from None
-            track(proc)
             why = ""
             try:
                 out, _ = proc.communicate(None if use_file else workload.encode(), timeout=self.timeout_s)

@@ -9,7 +9,6 @@ A port taken between probing and binding is retried on another.
 from __future__ import annotations
 
 import http.client
-import os
 import socket
 import subprocess
 import tempfile
@@ -17,7 +16,8 @@ import time
 from pathlib import Path
 
 from harness.api import EngineFailed
-from harness.engines.procs import group_alive, kill_group, parent_death_signal, track
+from harness.engines.procs import engine_env, group_alive, kill_group, spawn
+from harness.steps import step
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -48,7 +48,7 @@ class LoopbackServer:
         raise NotImplementedError
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+        return engine_env()
 
     @property
     def base_url(self) -> str:
@@ -60,29 +60,27 @@ class LoopbackServer:
 
     def start(self) -> str:
         """Launch and wait for the health path; returns the base URL. Raises :class:`EngineFailed`."""
-        for _attempt in range(3):  # the free port may be taken between probing and binding
-            self.port = self.port or free_port(self.host)
-            self._launch()
-            try:
-                self._wait_healthy()
-                return self.base_url
-            except EngineFailed as e:
-                in_use = "address already in use" in (e.log_tail or "").lower()
-                self.stop()
-                if not in_use:
-                    raise
-                self.port = None
-        raise EngineFailed(f"{self.label}: no free port after 3 attempts")
+        with step(f"{self.label} start"):
+            for _attempt in range(3):  # the free port may be taken between probing and binding
+                self.port = self.port or free_port(self.host)
+                self._launch()
+                try:
+                    self._wait_healthy()
+                    return self.base_url
+                except EngineFailed as e:
+                    in_use = "address already in use" in (e.log_tail or "").lower()
+                    self.stop()
+                    if not in_use:
+                        raise
+                    self.port = None
+            raise EngineFailed(f"{self.label}: no free port after 3 attempts")
 
     def _launch(self) -> None:
         if self.log_path is None:
             self.log_path = Path(tempfile.mkstemp(prefix="server-", suffix=".log")[1])
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=parent_death_signal(), env=self.env())
-        track(self.proc)
+            self.proc = spawn(self.command(), stdout=log, env=self.env())
         self._t0 = time.perf_counter()
 
     def _wait_healthy(self) -> None:

@@ -1,10 +1,15 @@
 """Processes the harness starts, and how it makes sure none outlives it.
 
-Every engine process (a server, a CLI engine) is started as the leader of its own process group, so
-that stopping it stops whatever it forked too (vLLM's engine-core and worker processes). A
-process registered with :func:`track` is also stopped at interpreter exit (``atexit``), and it gets
-SIGTERM from the kernel if the harness itself is killed (``PR_SET_PDEATHSIG``, Linux). A harness
-that receives SIGTERM exits through ``finally`` and ``atexit``, stopping them first.
+Every engine process (a server, a CLI engine, a vLLM phase) is started by :func:`spawn` under a
+guard (:mod:`harness.engines.guard`) that leads its own process group, so that stopping the group
+stops whatever the engine forked too (vLLM's engine-core and worker processes). The group is
+stopped when the harness exits in any way: ``finally`` blocks and ``atexit`` stop the processes
+registered with :func:`track`; a harness that receives SIGTERM exits through them; and a harness
+killed outright (SIGKILL) closes the pipe its guards watch, and they stop their groups (the
+kernel's parent-death signal, ``PR_SET_PDEATHSIG``, reaches only the guard itself).
+
+:func:`run_engine` runs one engine to completion under a timeout with its output in a log file,
+and stops its whole group however the wait ends.
 """
 
 from __future__ import annotations
@@ -17,10 +22,81 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from harness.engines.guard import group_members, pid_state
+from harness.signals import exit_on_sigterm
+from harness.steps import step
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
+_PIPES: dict[int, int] = {}
+"""Engine pid -> the write end of its guard's pipe (closed once the engine is stopped)."""
+GUARD = Path(__file__).with_name("guard.py")
 _LOCK = threading.Lock()
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def engine_env(repo_on_path: bool = False) -> dict[str, str]:
+    """The environment an engine process gets: this one, unbuffered output, no tokenizer threads;
+    ``repo_on_path`` puts this repository first on ``PYTHONPATH`` (a ``-m harness...`` child under
+    another virtualenv's interpreter)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if repo_on_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def spawn(argv: Sequence[str], stdout: IO[Any] | int | None, stderr: IO[Any] | int | None = subprocess.STDOUT,
+          stdin: IO[Any] | int | None = subprocess.DEVNULL, env: Mapping[str, str] | None = None,
+          cwd: Path | str | None = None) -> subprocess.Popen[bytes]:
+    """Start an engine process under a guard (:mod:`harness.engines.guard`) that leads its own
+    process group: stopping the group stops whatever the engine forked; the group is stopped when
+    the harness exits, however (the guard holds a pipe only the harness writes to), when it gets
+    the parent-death signal, and at interpreter exit (``atexit``). Returns the guard's process:
+    its pid is the group's id, its exit status the engine's."""
+    r, w = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-I", "-S", str(GUARD), str(r), "--", *argv],
+                                stdout=stdout, stderr=stderr, stdin=stdin,
+                                env=dict(env) if env is not None else None, cwd=cwd, pass_fds=(r,),
+                                start_new_session=True, preexec_fn=parent_death_signal())
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    with _LOCK:
+        _PIPES[proc.pid] = w
+    track(proc)
+    return proc
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """How an engine process run by :func:`run_engine` ended."""
+
+    returncode: int
+    """Its exit code; -9 when it was stopped for running past the timeout."""
+    timed_out: bool
+
+
+def run_engine(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None,
+               cwd: Path | None = None, *, label: str) -> Exited:
+    """Run one engine process to completion (:func:`spawn`), stdout and stderr into ``log``; after
+    ``timeout_s`` it is stopped. Its whole group (vLLM's engine-core and worker processes) is
+    stopped before this returns or raises, whatever happened. ``label`` names the step in the live
+    status and the log (:mod:`harness.steps`)."""
+    with step(label), log.open("w") as fh:
+        proc = spawn(argv, stdout=fh, env=env if env is not None else engine_env(), cwd=cwd)
+        try:
+            return Exited(proc.wait(timeout=timeout_s), False)
+        except subprocess.TimeoutExpired:
+            return Exited(-9, True)
+        finally:
+            kill_group(proc)
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
@@ -47,31 +123,9 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     untrack(proc)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group, from /proc (Linux)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(entry))
-    return out
-
-
 def pid_running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie (an exited child nobody has reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+    return pid_state(pid) not in (None, "Z", "X")
 
 
 def group_alive(pgid: int) -> bool:
@@ -106,27 +160,12 @@ def track(proc: subprocess.Popen[bytes]) -> None:
     exit_on_sigterm()
 
 
-def exit_on_sigterm() -> None:
-    """SIGTERM -> SystemExit in the main thread (only where nobody handles SIGTERM yet), so that
-    ``finally`` blocks and ``atexit`` stop the engines this process started."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _exit_now)
-
-
-def _exit_now(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def untrack(proc: subprocess.Popen[bytes]) -> None:
     with _LOCK:
         _LIVE.pop(proc.pid, None)
-
-
-def live_pids() -> list[int]:
-    with _LOCK:
-        return sorted(_LIVE)
+        w = _PIPES.pop(proc.pid, None)
+    if w is not None:
+        os.close(w)
 
 
 @atexit.register

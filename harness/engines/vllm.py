@@ -22,7 +22,7 @@ import numpy as np
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block, engine_fingerprint
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.procs import run_engine
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.teacher import scored_output
@@ -154,19 +154,10 @@ class VLLMRunner:
                if sampling.full_vocab else {}),
             **({"speed_levels": list(self._levels)} if self._levels else {}),
         }))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-        with self.log_path.open("w") as log:
-            proc = subprocess.Popen([self.python, str(WORKER), str(req), str(res)], stdout=log,
-                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    preexec_fn=parent_death_signal())
-            track(proc)
-            try:
-                proc.wait(timeout=START_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s",
-                                   self._tail()) from None
-            finally:
-                kill_group(proc)  # the worker's engine-core processes, whatever happened
+        proc = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path, START_TIMEOUT_S,
+                          label=f"vLLM {self.name} ({self.model.name}, {len(cases)} cases): start + run")
+        if proc.timed_out:
+            raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s", self._tail())
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
         head = lines[0] if lines else {}
         if head.get("kind") == "refused":

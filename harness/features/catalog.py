@@ -114,6 +114,10 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
         from harness.invariance.settings import verdict_names
 
         return verdict_names(raw)
+    if raw.get("kind") == "sampling":  # its verdicts are named per parameter
+        from harness.sampling.plan import verdict_names as sampling_verdicts
+
+        return sampling_verdicts(raw)
     return list(comp) if isinstance(comp, dict) else []
 
 
@@ -122,7 +126,7 @@ def load_catalog(path: Path, ws: Workspace | None = None) -> Catalog:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise CatalogError(f"{path}: no feature catalog (write one, see README 'FEATURES.md')") from None
+        raise CatalogError(f"{path}: no feature catalog (write one, see docs/records.md)") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise CatalogError(f"{path}: not valid TOML: {e}") from None
     ws = ws or Workspace(path.parent)

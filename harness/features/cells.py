@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.controls import failed_positive, vacuous_reasons
+from harness.excerpt import INLINE, clip
 from harness.features.catalog import Catalog, Column, Row
 from harness.features.sources import Broken, Loaded, newest_first, slug_matches, spec_matches, superseded
-from harness.records import Record
-from harness.staleness import Current, oracle_reasons, staleness
+from harness.kinds import staleness
+from harness.records import Record, failed_positive, vacuous_reasons
+from harness.staleness import Current, oracle_reasons
 from harness.workspace import Workspace
 
 State = Literal["pass", "partial", "todo", "na", "refused", "stale", "vacuous", "fail"]
@@ -111,6 +112,8 @@ def judge_record(rec: Record, prove: Sequence[str]) -> tuple[State, str]:
             gaps.append(gap)
     if skipped_all:
         first = next(v for v in rec.verdicts if v.comparator in prove)
+        if first.evidence.get("impossible"):  # the engine cannot return what the comparator needs
+            return "refused", f"impossible: {first.evidence['impossible']}"
         return "todo", f"not judged: {first.summary}"
     if passed_all:
         counts = ", ".join(f"{c} {sum(v.comparator == c for v in rec.verdicts)}/"
@@ -237,7 +240,7 @@ class Judge:
             if self.stale(lr):
                 state, text = "stale", "; ".join(self.stale(lr))
             version = lr.record.candidate.version
-            label = f"{version} {SYMBOL[state]}" + ("" if state == "pass" else f" ({text[:90]})")
+            label = f"{version} {SYMBOL[state]}" + ("" if state == "pass" else f" ({clip(text, INLINE)})")
             parts.append((release_key(version), label, state, lr))
         parts.sort(key=lambda p: p[0])
         worst = max((p[2] for p in parts), key=WORST.index)

@@ -10,6 +10,7 @@ from typing import Any
 from harness.features.catalog import Catalog, Row
 from harness.features.cells import SYMBOL, Cell, Judge, device_class, judge_record
 from harness.features.sources import Loaded, load_records, spec_matches
+from harness.provenance import tree_label
 from harness.registry import unknown
 from harness.workspace import Workspace
 
@@ -80,6 +81,6 @@ def history_table(row: Row, entries: Sequence[HistoryEntry]) -> Any:
         elif e.superseded_by:
             state.append(f" (superseded by {e.superseded_by[:24]})", style="dim")
         t.add_row(rec.created, str(rec.model.get("name")), rec.candidate.name, state, e.cell.text,
-                  str(rec.harness.get("sha") or "—")[:10] + ("+dirty" if rec.harness.get("dirty") else ""),
+                  tree_label(rec.harness.get("sha"), bool(rec.harness.get("dirty"))),
                   e.cell.device or "—", e.lr.path)
     return t

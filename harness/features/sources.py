@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records import Record, RecordError, iter_record_paths, load_record
+from harness.excerpt import clip
+from harness.records import Record, RecordError, candidate_slug, iter_record_paths, load_record
 from harness.workspace import Workspace
 
 OUTCOMES = ("pass", "fail", "error", "refused", "skip", "vacuous")
@@ -34,11 +35,6 @@ class Broken:
     """The model/suite folders it sits in, and the candidate slug of its file name (may be '')."""
     suite: str
     slug: str
-
-
-def candidate_slug(spec: str) -> str:
-    """The candidate part of a record's file name (as :func:`harness.records.new_record_id` makes it)."""
-    return re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-")[:40] or "candidate"
 
 
 def spec_matches(name: str, spec: str) -> bool:
@@ -93,7 +89,7 @@ def load_records(ws: Workspace, paths: Iterable[Path] | None = None
         except (RecordError, TypeError, AttributeError, ValueError, OSError) as e:
             msg = str(e).replace(str(p), "").strip(": ") or type(e).__name__
             parts = p.stem.split("_")
-            bad.append(Broken(rel, msg[:200], p.parent.parent.name, p.parent.name,
+            bad.append(Broken(rel, clip(msg), p.parent.parent.name, p.parent.name,
                               "_".join(parts[2:-1]) if len(parts) >= 4 else ""))
             continue
         ok.append(Loaded(rel, rec))

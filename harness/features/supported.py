@@ -184,7 +184,8 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
            "a commit in this repository's history, with the planted-mutation controls biting. The "
            "page shows the current state: one line per model and configuration, from the newest "
            "record that is current for HEAD; a result that is stale, vacuous or failing is not listed "
-           "as verified but below, with the reason. History: `harness history FEATURE`.", "",
+           "as verified but below, with the reason. History: `harness history FEATURE`; how the page is "
+           "made: `docs/records.md`.", "",
            f"**Oracle pin:** `{t.pin or 'missing'}`.", "", "## Verified models", "",
            "| Model | Architecture | Attention | KV-cache groups | vLLM | Device classes | Suites | "
            "Candidates | Records |", "|---|---|---|---|---|---|---|---|---|"]

@@ -15,33 +15,24 @@ catch a runner that judged against anything else.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from harness.files import LockTimeout, locked
-from harness.goldens import MANIFEST_FILE, GoldenError, read_golden
+from harness.goldens import MANIFEST_FILE, read_golden, recording
+from harness.goldens import lock_path as golden_lock_path
 from harness.workspace import Workspace
 
 T = TypeVar("T")
-LOCK_TIMEOUT_S = float(os.environ.get("HARNESS_GOLDEN_LOCK_TIMEOUT_S", "3600"))
 
 
 def lock_path(ws: Workspace, slug: str, suite: str) -> Path:
-    return ws.root / "reports" / "tmp" / "locks" / f"goldens--{slug}--{suite}.lock"
+    return golden_lock_path(ws.root, slug, suite)
 
 
-@contextmanager
-def exclusive(path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path``; after ``timeout_s`` name the holder and give up."""
-    try:
-        with locked(path, timeout_s):
-            yield
-    except LockTimeout as e:
-        raise GoldenError(f"{e} (another process recording these goldens)") from None
+exclusive = recording
+"""The goldens' recording lock (:func:`harness.goldens.recording`), which every gate also takes."""
 
 
 @dataclass(frozen=True, slots=True)

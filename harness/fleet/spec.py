@@ -248,7 +248,7 @@ def load_matrix(path: Path) -> Matrix:
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise MatrixError(f"{path}: no matrix file (see README 'Running on a fleet')") from None
+        raise MatrixError(f"{path}: no matrix file (see docs/fleet.md)") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise MatrixError(f"{path}: not valid TOML: {e}") from None
     if raw.get("schema", SCHEMA) != SCHEMA:

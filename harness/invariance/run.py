@@ -11,8 +11,6 @@ log's tail — never as an exception.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, TensorSource
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.procs import engine_env, run_engine
 from harness.invariance.plan import Group, Pass, Plan
 from harness.models import ModelRef
 from harness.teacher import scored_output
@@ -124,21 +122,11 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
     req.write_text(json.dumps({"model": model.path, "engine": dict(g.settings),
                                "sampling": sampling.to_json(),
                                "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
-    timed_out = None
-    with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=folder,
-                                start_new_session=True, preexec_fn=parent_death_signal())
-        track(proc)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rc, timed_out = -9, f"the {g.key} engine did not finish within {timeout_s:.0f} s"
-        finally:
-            kill_group(proc)  # the engine-core and worker processes live in that group too
+    done = run_engine([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)], log,
+                      timeout_s, engine_env(repo_on_path=True), cwd=folder,
+                      label=f"vLLM engine {g.key} ({model.name}): {', '.join(g.serves)}")
+    rc = done.returncode
+    timed_out = f"the {g.key} engine did not finish within {timeout_s:.0f} s" if done.timed_out else None
     lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
     return parse_result(g.key, g.settings, lines, rc, log.read_text(errors="replace"), timed_out)
 

@@ -20,7 +20,6 @@ Two kinds of controls prove the tiers can fail, per variant:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,19 +27,13 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.bit_exact import BitExact
-from harness.compare.near_tie import NearTie
+from harness.compare.bit_exact import BitExact, plant_one_ulp
+from harness.compare.near_tie import NearTie, plant_beyond_bar, plant_outside_topk, plant_within_bar
+from harness.compare.planting import plant_identity
 from harness.compare.strict import first_divergence
-from harness.controls import (
-    Needs,
-    Plant,
-    golden_checks,
-    plant_beyond_bar,
-    plant_identity,
-    plant_one_ulp,
-    plant_outside_topk,
-    plant_within_bar,
-)
+from harness.compare.unit import ControlSet, Mutation, Needs, Plant
+from harness.controls import run_controls
+from harness.excerpt import clip
 from harness.invariance.settings import TIERS, verdict_name
 from harness.records import Control
 from harness.registry import Registry
@@ -81,15 +74,6 @@ def judge_pairs(variant: str, pairs: Sequence[Pair], tiers: Tiers) -> list[Verdi
                 v = replace(v, evidence=ev)
             out.append(replace(v, comparator=verdict_name(variant, tier)))
     return out
-
-
-def failed_verdicts(variant: str, case_ids: Sequence[str], status: str, reason: str,
-                    tail: str = "") -> list[Verdict]:
-    """A variant whose engine refused or crashed: both tiers of every case say so, with the reason."""
-    head = reason.splitlines()[0][:160] if reason else status
-    return [Verdict(cid, verdict_name(variant, tier), status, f"{status}: {head}",  # type: ignore[arg-type]
-                    detail=reason + (f"\n--- engine log tail ---\n{tail}" if tail else ""),
-                    evidence={"reason": reason}) for cid in case_ids for tier in TIERS]
 
 
 def first_difference(verdicts: Sequence[Verdict], variant: str) -> dict[str, Any] | None:
@@ -142,7 +126,7 @@ def inverse_control(variant: str, pairs: Sequence[Pair], tiers: Tiers, setting: 
     if why_not is not None or not pairs:
         why = why_not or "no pair to compare"
         return (Inverse(setting, 0, 0, 0, None, why),
-                Control(name, mutation, "fail", "not run", False, why[:300]))
+                Control(name, mutation, "fail", "not run", False, clip(why)))
     exact = [tiers.compare("bit_exact", p.reference, p.candidate, p.case) for p in pairs]
     tie = [tiers.compare("near_tie", p.reference, p.candidate, p.case) for p in pairs]
     failed = [v for v in exact if v.status == "fail"]
@@ -194,40 +178,18 @@ register_fault(Fault("token outside the top-k at one position", plant_outside_to
 
 
 def fault_controls(variant: str, refs: Sequence[tuple[Case, Output]], tiers: Tiers) -> list[Control]:
-    """Golden checks of the references and every registered fault, per tier."""
+    """Golden checks of the references and every registered fault, per tier (each fault is planted
+    with the near-tie comparator's bar and judged by both tiers, each expecting its own answer)."""
+    usable = {c.id: o for c, o in refs if o.error is None}
+    cases = [c for c, _ in refs]
     out: list[Control] = []
-    usable = [(c, o) for c, o in refs if o.error is None]
     for tier in TIERS:
         needs = Needs(logprobs=True) if tier == "bit_exact" else Needs(logprobs=True, min_k=2, gaps=True)
-        out += golden_checks(verdict_name(variant, tier), needs, [o for _, o in usable])
-    for f in FAULTS.entries():
-        fault = f.value
-        got: dict[str, dict[str, str]] = {t: {} for t in TIERS}
-        skipped: dict[str, str] = {}
-        notes: list[str] = []
-        for case, ref in usable:
-            p = fault.plant(tiers.tie, case, ref)
-            if isinstance(p, str):
-                skipped[case.id] = p
-                continue
-            for tier in TIERS:
-                got[tier][case.id] = tiers.compare(tier, p.oracle, p.candidate, case).status
-            if p.note and p.note not in notes:
-                notes.append(p.note)
-        for tier in TIERS:
-            expect = fault.expect[tier]
-            name = verdict_name(variant, tier)
-            if not got[tier]:
-                why = "; ".join(sorted(set(skipped.values())))
-                out.append(Control(name, f"planted: {fault.name}", expect, "unplantable",  # type: ignore[arg-type]
-                                   False, f"nothing to plant it on: {why}"[:300]))
-                continue
-            wrong = [cid for cid, s in got[tier].items() if s != expect]
-            counts = Counter(got[tier].values())
-            text = (f"{got[tier][wrong[0]]} {len(wrong)}/{len(got[tier])} ({', '.join(wrong[:4])})" if wrong
-                    else f"{expect} {counts[expect]}/{len(got[tier])}")
-            note = "; ".join(([f"not plantable in {len(skipped)} case(s)"] if skipped else []) + notes[:1])
-            out.append(Control(name, f"planted: {fault.name}", expect, text, not wrong, note[:400]))  # type: ignore[arg-type]
+        faults = tuple(Mutation(f"planted: {f.name}", f.expect[tier],  # type: ignore[arg-type]
+                                lambda _comp, case, ref, plant=f.plant: plant(tiers.tie, case, ref))
+                       for f in (e.value for e in FAULTS.entries()))
+        comp = tiers.exact if tier == "bit_exact" else tiers.tie
+        out += run_controls(comp, ControlSet(faults, needs), cases, usable, key=verdict_name(variant, tier))
     return out
 
 

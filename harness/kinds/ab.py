@@ -36,6 +36,7 @@ from harness.api import (
     Scorer,
     TensorSource,
     Verdict,
+    failure_verdicts,
 )
 from harness.compare import build
 from harness.compare.explain import engine_error
@@ -44,8 +45,9 @@ from harness.compare.nmse import tensor_verdict
 from harness.controls import suite_controls
 from harness.distribution import Distribution, judge_run, measure_arm
 from harness.engines import RunnerContext, make_runner, parse_options, split_spec
-from harness.kinds.base import KINDS, GateRequest, Judgement
+from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.models import ModelRef
+from harness.staleness import reference_reasons
 from harness.stats import AccuracyTest, StatsError
 from harness.suites import Suite, SuiteError
 from harness.workspace import Workspace
@@ -130,10 +132,11 @@ def _info(runner: Runner, spec: str) -> EngineInfo:
         return EngineInfo(spec, split_spec(spec)[0], "unknown")
 
 
-def agreement(a: Arm, b: Arm, cases: Sequence[Case], threshold_nats: float,
+def agreement(a: Arm, b: Arm, cases: Sequence[Case], tie_params: Mapping[str, Any],
               decode: Callable[[Sequence[int]], str] | None) -> tuple[list[Verdict], dict[str, Any]]:
-    """strict and near-tie of B's own generation against A's, per case, and the counts."""
-    strict, tie = build("strict", {}, decode), build("near_tie", {"threshold_nats": threshold_nats}, decode)
+    """strict and near-tie (configured by ``tie_params``) of B's own generation against A's, per
+    case, and the counts."""
+    strict, tie = build("strict", {}, decode), build("near_tie", tie_params, decode)
     out = []
     for case in cases:
         o = a.outputs.get(case.id) or Output(case.id, (), error="arm A returned no output")
@@ -145,7 +148,7 @@ def agreement(a: Arm, b: Arm, cases: Sequence[Case], threshold_nats: float,
     total = sum(int(v.evidence.get("tokens", 0)) for v in s)
     return out, {"cases": len(cases), "strict": sum(v.status == "pass" for v in s),
                  "near_tie": sum(v.status == "pass" for v in t), "tokens_matched": matched,
-                 "tokens": total, "near_tie_threshold_nats": threshold_nats}
+                 "tokens": total, "near_tie_threshold_nats": tie.threshold_nats}  # type: ignore[attr-defined]
 
 
 def _accuracy_plan(suite: Suite) -> dict[str, Any] | None:
@@ -161,13 +164,10 @@ def _accuracy_plan(suite: Suite) -> dict[str, Any] | None:
 
 
 def _refusal_verdicts(suite: Suite, cases: Sequence[Case], arm: Arm, role: str) -> list[Verdict]:
-    status = "refused" if arm.refused else "error"
-    reason = arm.refused or arm.error or ""
-    head = f"{status}: arm {role} ({arm.spec}): {reason.splitlines()[0][:160] if reason else ''}"
-    detail = reason + (f"\n--- engine log tail ---\n{arm.log_tail}" if arm.log_tail else "")
-    names = dict.fromkeys(["strict", "near_tie", *(s.name for s in suite.comparators)])
-    return [Verdict(c.id, n, status, head, detail, {"reason": reason, "arm": role})  # type: ignore[arg-type]
-            for n in names for c in cases]
+    return failure_verdicts(["strict", "near_tie", *(s.name for s in suite.comparators)],
+                            [c.id for c in cases], "refused" if arm.refused else "error",
+                            arm.refused or arm.error or "", arm.log_tail, f"arm {role} ({arm.spec})",
+                            {"arm": role})
 
 
 def same_decode_path(a_spec: str, b_spec: str) -> str:
@@ -218,6 +218,8 @@ class AB:
 
     name = "ab"
     default_candidate = "vllm"
+    stale = staticmethod(reference_reasons)
+    """Records no goldens: the suite version, the model digest, and an arm of the pinned vLLM ran the pin."""
     tables = ("accuracy",)
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
@@ -259,9 +261,7 @@ class AB:
         else:
             if req.transform is not None:
                 b = replace(b, scores={o.case_id: o for o in req.transform(list(b.scores.values()))})
-            tie = suite.comparator("near_tie")
-            agree, facts["agreement"] = agreement(a, b, cases, float((tie.params if tie else {}).get(
-                "threshold_nats", 0.5)), model.decode)
+            agree, facts["agreement"] = agreement(a, b, cases, suite.params("near_tie"), model.decode)
             comps = [build(s.name, s.params, model.decode) for s in suite.comparators]
             verdicts = [v for v in agree if v.comparator in {s.name for s in suite.comparators}]
             for comp in comps:
@@ -285,9 +285,8 @@ class AB:
             ), how, dist.edges)
             verdicts += list(dist.verdicts)
             if a.tensors and b.tensors:  # NMSE of logits and every layer's hidden states (reported)
-                bar = next((float(s.params.get("max_nmse", 5e-4)) for s in suite.comparators
-                            if s.name == "nmse"), 5e-4)
-                verdicts.append(tensor_verdict(a.tensors, b.tensors, bar))
+                nmse = build("nmse", suite.params("nmse"))
+                verdicts.append(tensor_verdict(a.tensors, b.tensors, nmse.max_nmse))  # type: ignore[attr-defined]
             controls = suite_controls(suite, ArmGolden(tuple(cases), a.outputs), model.decode)
             facts["throughput_ratio_b_over_a"] = (b.tokens_per_s / a.tokens_per_s
                                                   if a.tokens_per_s and b.tokens_per_s else None)
@@ -303,8 +302,8 @@ class AB:
             distribution=dist, figure_title=f"{model.name} / {suite.name}: B {b_spec} vs A {a_spec}")
 
 
-KINDS.register("ab", help="one engine, two configurations: KL, drift, NMSE, agreement, throughput and "
-                          "KV capacity B/A")(AB())
+register_kind(AB(), help="one engine, two configurations: KL, drift, NMSE, agreement, throughput and "
+                          "KV capacity B/A")
 
 
 def _ratio_text(facts: Mapping[str, Any]) -> str:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harness.api import EngineInfo, Output, Runner, Verdict
 from harness.goldens import Golden
 from harness.models import ModelRef
-from harness.records import Control
+from harness.records import Control, Record
 from harness.registry import Registry
+from harness.staleness import Current
 from harness.suites import Suite
 from harness.workspace import Workspace
 
@@ -76,6 +77,7 @@ class Judgement:
     figure_title: str = ""
 
 
+@runtime_checkable
 class GateKind(Protocol):
     """One kind of gate. ``prepare`` validates and loads (goldens, settings) before any engine
     starts; ``run`` drives the engines; ``judge`` turns what they produced into verdicts, controls
@@ -94,6 +96,24 @@ class GateKind(Protocol):
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Any, ran: Any) -> Judgement: ...
 
+    def stale(self, rec: Record, cur: Current) -> list[str]:
+        """Why a record of this kind no longer describes the tree, by the kind's own rule (empty: it
+        still does). The candidate and harness rules every record has are applied beside it
+        (:func:`harness.kinds.staleness`); the building blocks are in :mod:`harness.staleness`."""
+        ...
+
 
 KINDS: Registry[GateKind] = Registry("gate kind")
-"""Suite kind -> the gate kind that runs it."""
+"""Suite kind -> the gate kind that runs it (add one with :func:`register_kind`)."""
+
+PARTS = ("name", "tables", "default_candidate", "prepare", "run", "judge", "stale")
+
+
+def register_kind(kind: GateKind, help: str) -> GateKind:  # noqa: A002
+    """Register ``kind`` under its name; a kind that lacks a part of :class:`GateKind` — its
+    staleness rule included, without which its records would be stale forever — is refused."""
+    if not isinstance(kind, GateKind):
+        missing = [p for p in PARTS if p not in dir(kind)]
+        raise TypeError(f"gate kind {type(kind).__name__} lacks {', '.join(missing)} "
+                        "(see harness.kinds.base.GateKind)")
+    return KINDS.register(kind.name, help=help)(kind)

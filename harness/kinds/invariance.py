@@ -25,28 +25,28 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.api import Case, EngineInfo, Output, Verdict
+from harness import compare
+from harness.api import Case, EngineInfo, Output, Verdict, failure_verdicts
 from harness.compare import build
-from harness.compare.bit_exact import BitExact
-from harness.compare.near_tie import NearTie
 from harness.controls import run_controls
 from harness.engines.base import coerce, parse_options, split_spec
+from harness.excerpt import INLINE, first_line
 from harness.invariance.pairs import PAIRS, VariantRun
 from harness.invariance.plan import BASE, PC_COLD, RL_GROUP, ROLLOUT, TOGETHER, Plan, make_plan
 from harness.invariance.run import GroupResult, TrainerResult, run_plan, run_trainer
 from harness.invariance.settings import RL, TIERS, VARIANTS, InvarianceSettings, parse, verdict_name
 from harness.invariance.tiers import (
     Tiers,
-    failed_verdicts,
     fault_controls,
     first_difference,
     inverse_control,
     judge_pairs,
 )
 from harness.invariance.trainer import describe, transform
-from harness.kinds.base import KINDS, GateRequest, Judgement
+from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.provenance import now_utc
 from harness.records import Control
+from harness.staleness import invariance_reasons
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -94,6 +94,8 @@ def _public(v: Any, run_dir: Path) -> Any:
 class Invariance:
     name = "invariance"
     default_candidate = "vllm"
+    stale = staticmethod(invariance_reasons)
+    """Records no goldens: the suite version, the model digest, and the engine ran the pin."""
     tables = ("invariance", "rl")
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
@@ -141,10 +143,8 @@ class Invariance:
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Ran) -> Judgement:
         s, plan, suite = prepared.settings, prepared.plan, req.suite
-        tie_spec = suite.comparator("near_tie")
-        tiers = Tiers(BitExact(req.model.decode),
-                      NearTie(float((tie_spec.params if tie_spec else {}).get("threshold_nats", 0.5)),
-                              req.model.decode))
+        tiers = Tiers(build("bit_exact", {}, req.model.decode),  # type: ignore[arg-type]
+                      build("near_tie", suite.params("near_tie"), req.model.decode))  # type: ignore[arg-type]
         inverse_setting = ",".join(f"{k}={v}" for k, v in s.inverse.items())
         verdicts: list[Verdict] = []
         controls: list[Control] = []
@@ -161,7 +161,8 @@ class Invariance:
             if vr.failure is not None:
                 status, reason, tail = vr.failure
                 ids = [c.id for c in plan.cases]
-                verdicts += failed_verdicts(v.name, ids, status, reason, tail)
+                verdicts += failure_verdicts([verdict_name(v.name, t) for t in TIERS], ids, status, reason,
+                                             tail)
                 entry.update(result=status, reason=reason)
                 names = [verdict_name(v.name, t) for t in v.gates]
                 (refused_gates if status == "refused" else gates).extend(names)
@@ -242,9 +243,7 @@ class Invariance:
         if group is None or not group.ok:
             status = group.status if group is not None and group.status in ("refused", "error") else "error"
             reason = group.reason if group is not None else f"the {group_key} engine did not run"
-            head = reason.splitlines()[0][:140] if reason else ""
-            return ([Verdict(k, "rl_logprobs", status, f"{status}: rollout engine: {head}",  # type: ignore[arg-type]
-                             detail=reason, evidence={"reason": reason}) for k in keys],
+            return (failure_verdicts(["rl_logprobs"], keys, status, reason, who="rollout engine"),
                     [], {**extra, "result": status, "reason": reason}, spec.gate and status != "refused")
         returned = str(group.meta.get("logprobs_mode") or "")
         extra["returned_logprobs_mode"] = returned
@@ -258,8 +257,7 @@ class Invariance:
                    if tr is not None and tr.status == "ok" else
                    (tr.reason if tr is not None else "the trainer did not run"))
             status = tr.status if tr is not None and tr.status in ("refused", "error") else "error"
-            return ([Verdict(k, "rl_logprobs", status, f"{status}: {why.splitlines()[0][:140]}",  # type: ignore[arg-type]
-                             detail=why, evidence={"reason": why}) for k in keys],
+            return (failure_verdicts(["rl_logprobs"], keys, status, why),
                     [], {**extra, "result": status, "reason": why}, spec.gate and status != "refused")
         scores = dict(tr.scores)
         if req.transform is not None:
@@ -268,15 +266,17 @@ class Invariance:
         for case in cases:
             cand = scores.get(case.id) or Output(case.id, (), error="the trainer returned no score")
             verdicts.append(comp.compare(rollouts[case.id], cand, case))
-        pooled = comp.compare_run([(rollouts[c.id], scores[c.id]) for c in cases if c.id in scores])  # type: ignore[attr-defined]
+        scored = [c for c in cases if c.id in scores]
+        pooled = comp.compare_run([rollouts[c.id] for c in scored], [scores[c.id] for c in scored], scored)
         verdicts.append(pooled)
-        controls = run_controls(comp, cases, {k: o for k, o in rollouts.items() if o.error is None})
+        controls = run_controls(comp, compare.unit("rl_logprobs").controls, cases,
+                                {k: o for k, o in rollouts.items() if o.error is None})
         extra.update(trainer_engine=dict(tr.info), pooled=dict(pooled.evidence), result=pooled.status)
         return verdicts, controls, extra, spec.gate
 
 
-KINDS.register("invariance", help="configurations that must not change one token (bit-exact / near-tie), "
-                                  "trainer vs rollout logprobs")(Invariance())
+register_kind(Invariance(), help="configurations that must not change one token (bit-exact / near-tie), "
+                                  "trainer vs rollout logprobs")
 
 
 def _passes(plan: Plan, group: str) -> list[str]:
@@ -346,7 +346,7 @@ def _summary(suite: str, s: InvarianceSettings, info: Mapping[str, Any], rl: Map
         e = info.get(v.name, {})
         res = e.get("result")
         if res in ("refused", "error"):
-            parts.append(f"{v.name} {res.upper()} ({str(e.get('reason', '')).splitlines()[0][:80]})")
+            parts.append(f"{v.name} {res.upper()} ({first_line(str(e.get('reason', '')), INLINE)})")
             continue
         be, nt = e.get("bit_exact", {}), e.get("near_tie", {})
         n = sum(be.values())
@@ -361,6 +361,6 @@ def _summary(suite: str, s: InvarianceSettings, info: Mapping[str, Any], rl: Map
                          f"max {p['max_abs_delta']:.2e}, ratio outside {100 * p['ratio_outside']:.1f}%, "
                          f"seq KL {p['seq_kl_k3']:.2e}")
         else:
-            why = str(rl.get("reason") or "").splitlines()
-            parts.append(f"{RL} {str(rl.get('result', '')).upper()} ({why[0][:80] if why else ''})")
+            why = first_line(str(rl.get("reason") or ""), INLINE)
+            parts.append(f"{RL} {str(rl.get('result', '')).upper()} ({why})")
     return f"{suite}: " + "; ".join(parts) + f" — {starts} engine starts"

@@ -18,10 +18,11 @@ from typing import Any
 from harness.engines.base import split_spec
 from harness.engines.venvs import VenvError, VenvInfo, check_version
 from harness.goldens import Golden
-from harness.kinds.base import KINDS, GateRequest, Judgement
+from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.oracle import load_or_record
 from harness.pin import oracle_pin
 from harness.provenance import device_facts, now_utc
+from harness.staleness import oracle_reasons
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -58,12 +59,15 @@ class Prepared:
 class KVRoundTrip:
     name = "kv_roundtrip"
     default_candidate = "vllm"
+    stale = staticmethod(oracle_reasons)
+    """Records judged against goldens: the pin, the suite version, the golden checksums, the model
+    digest."""
     tables = ("kv",)
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         # torch + vLLM come in with the KV modules: only when a KV gate runs
         from harness.kv.config import load_connector_class, parse_connector
-        from harness.kv.roundtrip import KVSettings
+        from harness.kv.settings import KVSettings
 
         KVSettings.from_suite(req.suite)  # a malformed [kv] table is bad input, before any engine starts
         release = release_of(req.candidate)
@@ -112,5 +116,4 @@ class KVRoundTrip:
             golden=prepared.golden)
 
 
-KINDS.register("kv_roundtrip", help="write -> restore in a fresh engine -> every KV page byte-equal")(
-    KVRoundTrip())
+register_kind(KVRoundTrip(), help="write -> restore in a fresh engine -> every KV page byte-equal")

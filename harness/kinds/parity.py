@@ -13,16 +13,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Verdict
+from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Status, Verdict, failure_verdicts
 from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
 from harness.checks import candidate_checks, check_controls, check_gates, checks_summary
 from harness.controls import suite_controls
 from harness.distribution import Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
 from harness.goldens import Golden
-from harness.kinds.base import KINDS, GateRequest, Judgement
+from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.oracle import load_or_record, measure_speed
 from harness.speed import OracleSpeed, Speed, speed_extra
+from harness.staleness import oracle_reasons
 from harness.suites import Suite
 from harness.teacher import run_and_score
 from harness.workspace import Workspace
@@ -43,7 +44,7 @@ class Ran:
     outputs: Mapping[str, Output] = field(default_factory=dict)
     scores: Mapping[str, Output] | None = None
     how: str = ""
-    failure: tuple[str, str, str] | None = None
+    failure: tuple[Status, str, str] | None = None
     """(``refused``|``error``, reason, engine log tail)."""
     timings: Mapping[str, float] = field(default_factory=dict)
     speed: Mapping[str, Any] = field(default_factory=dict)
@@ -101,16 +102,6 @@ def summarize(suite: Suite, verdicts: Sequence[Verdict], cases: Sequence[Case]) 
     return text
 
 
-def failure_verdicts(suite: Suite, cases: Sequence[Case], status: str, reason: str, tail: str = "",
-                     names: Sequence[str] | None = None) -> list[Verdict]:
-    """Every comparator x case answers the engine's refusal or crash (its reason and log tail kept)."""
-    head = reason.splitlines()[0][:160] if reason else ""
-    return [Verdict(c.id, n, status, f"{status}: {head}",  # type: ignore[arg-type]
-                    detail=reason + (f"\n--- engine log tail ---\n{tail}" if tail else ""),
-                    evidence={"reason": reason})
-            for n in (names or [s.name for s in suite.comparators]) for c in cases]
-
-
 def oracle_speed(ws: Workspace, req: GateRequest, golden: Golden) -> Speed | str | OracleSpeed | None:
     """What :func:`harness.speed.speed_extra` needs for the request's ``speed`` setting."""
     if req.speed is True:
@@ -123,6 +114,9 @@ def oracle_speed(ws: Workspace, req: GateRequest, golden: Golden) -> Speed | str
 class Parity:
     name = "parity"
     default_candidate = "hf"
+    stale = staticmethod(oracle_reasons)
+    """Records judged against goldens: the pin, the suite version, the golden checksums, the model
+    digest."""
     tables: tuple[str, ...] = ()
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
@@ -159,7 +153,7 @@ class Parity:
             failure = None
         except (EngineRefused, EngineFailed) as e:
             outputs, scores, how, facts = {}, None, "", None
-            status = "refused" if isinstance(e, EngineRefused) else "error"
+            status: Status = "refused" if isinstance(e, EngineRefused) else "error"
             failure = (status, str(e), e.log_tail if isinstance(e, EngineFailed) else "")
         finally:
             runner.close()
@@ -175,7 +169,8 @@ class Parity:
         t0 = time.perf_counter()
         if ran.failure is not None:
             status, reason, tail = ran.failure
-            verdicts = failure_verdicts(suite, golden.cases, status, reason, tail)
+            verdicts = failure_verdicts([s.name for s in suite.comparators], [c.id for c in golden.cases],
+                                        status, reason, tail)
             extra["engine_" + status] = reason
         else:
             # the candidate's self-checks (tokenizer parity, greedy self-consistency) come first
@@ -208,4 +203,4 @@ class Parity:
             figure_title=f"{model.name} / {suite.name}: {req.candidate} vs oracle")
 
 
-KINDS.register("parity", help="goldens -> candidate -> strict / near-tie / KL / drift / NMSE")(Parity())
+register_kind(Parity(), help="goldens -> candidate -> strict / near-tie / KL / drift / NMSE")

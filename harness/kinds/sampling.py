@@ -20,14 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.api import EngineFailed, EngineInfo, EngineRefused, Sampler, Samples, Verdict
+from harness.api import EngineFailed, EngineInfo, EngineRefused, Sampler, Samples, Verdict, failure_verdicts
 from harness.engines import RunnerContext, split_spec
-from harness.kinds.base import KINDS, GateRequest, Judgement
+from harness.excerpt import first_line
+from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.sampling import doubles, judge
 from harness.sampling.engines import make_sampler
 from harness.sampling.oracle import oracle_rows
 from harness.sampling.plan import GateSettings, OracleRows, Plan, gate_settings, make_plan
 from harness.sampling.transforms import CHAINS
+from harness.staleness import reference_reasons
 from harness.workspace import Workspace
 
 
@@ -61,6 +63,8 @@ class SamplingKind:
     name = "sampling"
     default_candidate = "vllm"
     tables = ("sampling_gate",)
+    stale = staticmethod(reference_reasons)
+    """The oracle ran beside the candidate (``rec.oracle``: its spec and version), as in an A/B."""
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         gs = gate_settings(req.suite)
@@ -115,24 +119,14 @@ class SamplingKind:
             tail = ran.failure[2] if ran.failure else ""
             info = _info(prepared.sampler, req.candidate)
             names = sorted({f"sampling.{s.param}" for s in prepared.gs.settings})
-            vs = tuple(
-                Verdict(
-                    "all",
-                    n,
-                    status,
-                    f"{status}: {reason.splitlines()[0][:160] if reason else ''}",  # type: ignore[arg-type]
-                    reason + (f"\n--- engine log tail ---\n{tail}" if tail else ""),
-                    {"reason": reason},
-                )
-                for n in names
-            )
+            vs = tuple(failure_verdicts(names, ["all"], status, reason, tail))  # type: ignore[arg-type]
             return Judgement(
                 label=req.candidate,
                 candidate=info,
                 verdicts=vs,
                 gates=tuple(names),
                 controls=(),
-                summary=f"{req.suite.name}: {req.candidate} {status}: {reason.splitlines()[0][:200]}",
+                summary=f"{req.suite.name}: {req.candidate} {status}: {first_line(reason)}",
                 extra={"engine_refused": reason} if status == "refused" else {},
                 reference=oracle,
             )
@@ -234,6 +228,4 @@ def _summary(suite: str, verdicts: list[Verdict], facts: Mapping[str, Any]) -> s
     return text
 
 
-KINDS.register("sampling", help="sampler parity: support, goodness of fit, determinism, logprobs")(
-    SamplingKind()
-)
+register_kind(SamplingKind(), help="sampler parity: support, goodness of fit, determinism, logprobs")

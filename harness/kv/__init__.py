@@ -7,13 +7,17 @@ Read in this order:
 * ``store.py``     the harness's chunk store, every page verified on read; ``faults.py`` its
                    planted-fault doubles (flip one byte, drop one page)
 * ``plan.py``      scheduler-side bookkeeping: which pages each engine step must read
-* ``capture.py``   what the connectors record (page bytes + one JSON line per page), read back
+* ``capture.py``   the capture format (page bytes + one JSON line per page) and its reader;
+                   ``capture_write.py`` the writer the connectors call inside the engine
 * ``connector.py`` ``HarnessKVConnector``: stores chunks and records written/restored pages
 * ``tap.py``       ``HarnessTapConnector``: wraps a third-party connector and records the same
 * ``phase.py``     one engine process running passes of requests (producer, consumer, probe)
+* ``settings.py``  the suite's ``[kv]`` table and the engine settings each phase starts with
+* ``passes.py``    the passes each phase runs, and the phase's process seen from the host
 * ``roundtrip.py`` producer -> fresh consumer -> evidence -> verdicts, controls and figures
+* ``judge.py``     captures -> evidence, verdicts, controls, figures; ``refusal.py`` the probe's
 * ``evidence.py``  what the comparators judge (``harness.compare.byte_equal``, ``kv_hits``)
-* ``gate.py``      the record; ``bench.py`` compare throughput next to memcpy
+* ``bench.py``     compare throughput next to memcpy
 
 The modules vLLM imports inside its processes (``connector``, ``tap`` and what they use) need only
 torch, numpy, vLLM and ``harness.registry`` (standard library): they load in any vLLM's virtualenv

@@ -42,7 +42,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, gather, record_planned, worker_rank
+from harness.kv.capture import PageTag
+from harness.kv.capture_write import CaptureWriter, SchedulerLog, gather, record_planned, worker_rank
 from harness.kv.config import UNREPORTED, HarnessKVConfig, chunk_size_problem
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore

@@ -7,9 +7,10 @@ by ``byte_equal`` (pages) and ``kv_hits`` (how many prompt tokens the connector 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from harness.kv.capture import CaptureError
 from harness.kv.pages import PageRef
 
 
@@ -20,7 +21,9 @@ class Page(Protocol):
     digest: str
     nbytes: int
 
-    def read(self) -> bytes: ...
+    def read(self) -> bytes:
+        """The page's bytes; :class:`CaptureError` when they cannot be read back."""
+        ...
 
     def check_present(self) -> str | None: ...
 
@@ -84,6 +87,25 @@ class CaseEvidence:
     finish_reason: str = ""
     error: str | None = None
     notes: tuple[str, ...] = ()
+
+    def as_written(self) -> CaseEvidence | str:
+        """This case as a perfect restore would leave it — every expected page back as the producer
+        wrote it, the engine and the connector counting the expected hit, nothing stored twice — or
+        why there is none (a page the producer never wrote). The page comparators' controls plant
+        their faults in it, so a control judges the comparator, not the run."""
+        pages = []
+        for ref in self.expected:
+            w = self.written.get(ref.id)
+            if w is None:
+                return f"the producer never wrote page {ref.describe()}"
+            try:
+                pages.append(MemoryPage(ref, w.digest, bytes(w.read())))
+            except CaptureError as e:
+                return f"page {ref.describe()} cannot be read back: {e}"
+        return replace(self, restored=tuple(pages), problems=(), engine_cached=self.expected_hit,
+                       connector_matched=self.expected_hit, connector_external=self.expected_hit,
+                       stored_times=dict.fromkeys(self.stored_times, 1), finish_reason="length",
+                       error=None)
 
     def layers(self) -> list[str]:
         return sorted({r.layer for r in self.expected} | {p.ref.layer for p in self.restored})

@@ -70,10 +70,6 @@ def prefix_key(ids: Sequence[int]) -> str:
     return hashlib.blake2b(_token_bytes(ids), digest_size=KEY_BYTES).hexdigest()
 
 
-def full_blocks(n_tokens: int, block_size: int) -> int:
-    return n_tokens // block_size
-
-
 def blocks_completed(done_before: int, done_after: int, limit: int, block_size: int) -> Iterator[int]:
     """Indices of the blocks whose last token lands in ``(done_before, min(done_after, limit)]``.
 

@@ -30,7 +30,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from harness.kv.capture import CaptureWriter, SchedulerLog, record_planned, worker_rank
+from harness.kv.capture_write import CaptureWriter, SchedulerLog, record_planned, worker_rank
 from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
 from harness.kv.plan import PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from harness.excerpt import clip
 from harness.models.arch import ModelLimits
 from harness.models.built import ModelBuildError
 from harness.models.digest import DIGEST_GLOBS, content_digest
@@ -101,7 +102,7 @@ def resolve_model(name: str, ws: Workspace) -> ModelRef:
         except Exception as e:  # noqa: BLE001 - any hub failure gets the same explanation
             raise UnknownName(
                 f"model {name!r} looks like a hub id but could not be fetched ({type(e).__name__}: "
-                f"{str(e)[:200]}). Without a hub, use a named model "
+                f"{clip(str(e))}). Without a hub, use a named model "
                 f"({', '.join(builtin_models(ws))}) or a local checkpoint folder.") from None
         return ModelRef(name, str(snap), content_digest(snap))
     raise unknown("model", name, builtin_models(ws))

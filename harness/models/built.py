@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.files import locked, sha256_file
+from harness.steps import step
 
 DOWNLOAD_TIMEOUT_S = float(os.environ.get("HARNESS_DOWNLOAD_TIMEOUT_S", "900"))
 
@@ -116,7 +117,8 @@ def build_once(dest: Path, make: Callable[[Path], None], *, digest: str | None,
         t0 = time.perf_counter()
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
         try:
-            make(tmp)
+            with step(f"building model {dest.name}"):
+                make(tmp)
             tmp.chmod(0o755)
             if digest is not None and (got := digest_of(tmp)) != digest:
                 raise ModelBuildError(

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from harness.excerpt import clip
 from harness.models.built import ModelBuildError
 
 # tokenizer.ggml.pre -> the Hugging Face pre-tokenizer that splits text the same way (llama.cpp
@@ -70,7 +71,7 @@ def read(path: Path) -> tuple[dict[str, Any], Any]:
         reader = GGUFReader(str(path))
         meta = {k: f.contents() for k, f in reader.fields.items()}
     except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
-        raise ModelBuildError(f"{path}: not a readable GGUF file ({type(e).__name__}: {str(e)[:200]})"
+        raise ModelBuildError(f"{path}: not a readable GGUF file ({type(e).__name__}: {clip(str(e))})"
                               ) from None
     return meta, reader
 

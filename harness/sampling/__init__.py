@@ -6,7 +6,6 @@
 * :mod:`.plan`       the suite's ``[sampling_gate]`` table -> tests (case x position x setting), draws
 * :mod:`.oracle`     the oracle's raw logits at the tests' prefixes (teacher forcing, pinned vLLM)
 * :mod:`.judge`      draws -> support checks, fit, determinism and logprob verdicts
-* :mod:`.bars`       ``[compare.sampling]`` as the comparator registry knows it
 * :mod:`.doubles`    planted samplers (the controls) and the correct double's false-positive rate
 * :mod:`.engines`    the sampling drivers: vLLM, transformers, llama.cpp, OpenAI-compatible servers
 """

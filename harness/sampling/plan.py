@@ -1,4 +1,4 @@
-"""The suite's ``[sampling_gate]`` table and ``[compare.sampling]`` bars -> the gate's tests.
+"""The suite's ``[sampling_gate]`` table (settings and bars) -> the gate's tests.
 
 A **test** is (case, position t, setting): the prefix is the case's prompt followed by the oracle's
 first t greedy tokens (teacher forcing), the setting's parameters are the sampler's, and the judged
@@ -236,17 +236,27 @@ def _setting(raw: Any, i: int, where: str) -> Setting:
     return Setting(sid, param, s, step)
 
 
+def verdict_names(raw: Mapping[str, Any]) -> list[str]:
+    """Every verdict name a (raw, parsed-TOML) sampling suite can produce: one per parameter a
+    setting exercises, the seeds and the logprobs (what FEATURES.md rows may name in ``prove``)."""
+    table = raw.get(TABLE) if isinstance(raw.get(TABLE), Mapping) else {}
+    rows = table.get("settings", []) if isinstance(table, Mapping) else []
+    params = [r.get("param") for r in rows if isinstance(r, Mapping)]
+    return [*dict.fromkeys(f"sampling.{p}" for p in params if isinstance(p, str)),
+            "sampling.seed", "sampling.logprobs"]
+
+
 def gate_settings(suite: Suite) -> GateSettings:
-    """The validated ``[sampling_gate]`` table and ``[compare.sampling]`` bars of ``suite``."""
+    """The validated ``[sampling_gate]`` table of ``suite``: its settings and its bars."""
     where = f"{suite.path} [{TABLE}]"
     raw = suite.extra.get(TABLE)
     if not isinstance(raw, dict):
         raise SuiteError(f"{suite.path}: a sampling suite needs a [{TABLE}] table with its settings")
-    stray = sorted(set(raw) - set(_GATE_KEYS))
+    stray = sorted(set(raw) - set(_GATE_KEYS) - set(_BARS))
     if stray:
         from harness.registry import unknown
 
-        raise SuiteError(f"{where}: {unknown('key', stray[0], list(_GATE_KEYS))}")
+        raise SuiteError(f"{where}: {unknown('key', stray[0], [*_GATE_KEYS, *_BARS])}")
     kw: dict[str, Any] = {}
     for key, (typ, want) in _GATE_KEYS.items():
         if key in raw and key != "settings":
@@ -270,20 +280,12 @@ def gate_settings(suite: Suite) -> GateSettings:
     dup = next((x for x in ids if ids.count(x) > 1), None)
     if dup:
         raise SuiteError(f"{where}: two settings have id {dup!r}")
-    spec = suite.comparator("sampling")
-    if spec is None:
-        raise SuiteError(
-            f"{suite.path}: a sampling suite judges with [compare.sampling] (alpha, power, "
-            f"target_tv, ...); the suite has none"
-        )
     for key, (lo, hi) in _BARS.items():
-        if key in spec.params:
-            v = float(spec.params[key])
+        if key in raw:
+            v = _check(where, key, raw[key], (int, float), f"a number in [{lo:g}, {hi:g}]")
             if not lo <= v <= hi or (key == "alpha" and v >= 0.5):
-                raise SuiteError(
-                    f"{suite.path} [compare.sampling]: key {key!r} must be in [{lo:g}, {hi:g}], got {v!r}"
-                )
-            kw[key] = int(v) if key == "max_cells" else v
+                raise SuiteError(f"{where}: key {key!r} must be in [{lo:g}, {hi:g}], got {v!r}")
+            kw[key] = int(v) if key == "max_cells" else float(v)
     return GateSettings(settings, **kw)
 
 
@@ -458,8 +460,9 @@ def make_plan(
 MIN_JUDGED = 20
 """A test whose capped draws would follow the oracle's path fewer times than this is not drawn."""
 PLAN_MARGIN = 1.1
-"""Draws are planned by the asymptotic critical value, then 10 % more: the exact (Monte Carlo) one
-is a little higher. The judge states the exact detectable TV of every test it judged."""
+"""Draws are planned by the asymptotic critical value, then 10 % more, then checked by the exact
+(Monte Carlo) one and grown until it meets the target too. The judge states the exact detectable TV
+of every test it judged."""
 
 
 def judged_draws(ref: Reference, p_path: float, level: float, gs: GateSettings) -> tuple[int, int]:
@@ -476,6 +479,14 @@ def judged_draws(ref: Reference, p_path: float, level: float, gs: GateSettings) 
     )
     if int(np.count_nonzero(ref.probs > 0)) > 1:
         n = min(gs.max_draws, math.ceil(n * PLAN_MARGIN))
+    for _ in range(4):  # the exact critical value may still want more: TV shrinks as 1/sqrt(n)
+        cells = gof.cells_for(ref.probs, n, gs.min_expected, gs.max_cells, ref.ranked)
+        if cells.method != "chi2" or n >= gs.max_draws:
+            break
+        d = gof.detectable_tv(cells, level, gs.power)
+        if d <= gs.target_tv:
+            break
+        n = min(gs.max_draws, math.ceil(n * (d / gs.target_tv) ** 2 * 1.02))
     if p_path >= 1.0:
         return n, n
     if p_path <= 0.0:

@@ -1,4 +1,4 @@
-"""The README's cmd: example engine (examples/cmd_engine.py, transformers) passes the smoke gate."""
+"""The cmd: example engine of docs/engines.md (examples/cmd_engine.py, transformers) passes the smoke gate."""
 
 from __future__ import annotations
 

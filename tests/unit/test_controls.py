@@ -14,23 +14,14 @@ from harness.api import Case, EngineInfo, Output, RunFacts, Sampling, Verdict
 from harness.compare.kl import KL
 from harness.compare.near_tie import NearTie
 from harness.compare.nmse import NMSE
+from harness.compare.planting import plant_decisive_flip
 from harness.compare.strict import Strict
-from harness.controls import (
-    CONTROLS,
-    GOLDEN_CHECK,
-    UNGUARDED,
-    ControlSet,
-    Mutation,
-    failed_positive,
-    guard,
-    plant_decisive_flip,
-    register,
-    run_controls,
-    vacuous_reasons,
-)
+from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
+from harness.controls import run_controls
 from harness.features import generate
 from harness.goldens import read_golden
 from harness.pipeline import run_gate
+from harness.records import GOLDEN_CHECK, UNGUARDED, failed_positive, guard, vacuous_reasons
 from harness.workspace import REPO_ROOT
 from tests.unit.features_kit import commit, make_git_workspace
 
@@ -42,6 +33,11 @@ def golden():  # noqa: ANN201
 
 def by(controls, mutation):  # noqa: ANN001, ANN201
     return next(c for c in controls if c.mutation == mutation)
+
+
+def own(comp, cases, outputs, unit: str | None = None):  # noqa: ANN001, ANN201
+    """``comp`` judged under the controls its registered unit (or unit ``unit``) declares."""
+    return run_controls(comp, compare.unit(unit or comp.key).controls, cases, outputs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,28 +73,30 @@ class SecretlyStrict(NearTie):
         return Verdict(v.case_id, self.key, v.status, v.summary)
 
 
+ALWAYS_PASS = Unit(AlwaysPass, "a comparator that cannot fail", needs=TOKENS, across_devices="bits",
+                   controls=ControlSet((Mutation("flip decisive token", "fail", plant_decisive_flip),)))
+
+
 @pytest.fixture
 def always_pass_registered() -> Iterator[None]:
-    with compare.COMPARATORS.patched("always_pass", lambda p, d: AlwaysPass(), meta={}), \
-            CONTROLS.patched("always_pass", ControlSet(
-                "always_pass", (Mutation("flip decisive token", "fail", plant_decisive_flip),))):
+    with compare.COMPARATORS.patched("always_pass", ALWAYS_PASS.check()):
         yield
 
 
 def test_real_strict_and_near_tie_bite_on_the_committed_goldens() -> None:
     g = golden()
     for comp in (Strict(), NearTie(threshold_nats=0.5)):
-        controls = run_controls(comp, g.cases, g.outputs)
+        controls = own(comp, g.cases, g.outputs)
         assert controls and all(c.ok for c in controls), controls
         assert vacuous_reasons(controls, [comp.key]) == []
-    nt = run_controls(NearTie(threshold_nats=0.5), g.cases, g.outputs)
+    nt = own(NearTie(threshold_nats=0.5), g.cases, g.outputs)
     assert by(nt, "swap beyond bar").got == "fail 8/8"
     assert by(nt, "swap within bar").got == "pass 8/8"
 
 
 def test_a_comparator_that_always_passes_is_vacuous(always_pass_registered: None) -> None:
     g = golden()
-    controls = run_controls(AlwaysPass(), g.cases, g.outputs)
+    controls = own(AlwaysPass(), g.cases, g.outputs)
     flip = by(controls, "flip decisive token")
     assert flip.expect == "fail" and flip.got.startswith("pass 8/8") and not flip.ok
     outcome, why = guard("pass", controls, ["always_pass"])
@@ -111,7 +109,7 @@ def test_a_comparator_that_always_passes_is_vacuous(always_pass_registered: None
 
 def test_near_tie_that_ignores_the_gap_is_vacuous() -> None:
     g = golden()
-    controls = run_controls(TopKOnly(threshold_nats=0.5), g.cases, g.outputs)
+    controls = own(TopKOnly(threshold_nats=0.5), g.cases, g.outputs)
     beyond = by(controls, "swap beyond bar")
     assert not beyond.ok and beyond.got.startswith("pass")
     assert guard("pass", controls, ["near_tie"])[0] == "vacuous"
@@ -119,7 +117,7 @@ def test_near_tie_that_ignores_the_gap_is_vacuous() -> None:
 
 def test_near_tie_bar_above_every_gap_cannot_fail_and_is_vacuous() -> None:
     g = golden()
-    controls = run_controls(NearTie(threshold_nats=50.0), g.cases, g.outputs)
+    controls = own(NearTie(threshold_nats=50.0), g.cases, g.outputs)
     beyond = by(controls, "swap beyond bar")
     assert beyond.got == "unplantable" and "no top-k alternative is more than 50" in beyond.note
     assert guard("pass", controls, ["near_tie"])[0] == "vacuous"
@@ -127,17 +125,22 @@ def test_near_tie_bar_above_every_gap_cannot_fail_and_is_vacuous() -> None:
 
 def test_a_near_tie_that_forgives_nothing_fails_its_positive_control() -> None:
     g = golden()
-    controls = run_controls(SecretlyStrict(threshold_nats=0.5), g.cases, g.outputs)
+    controls = own(SecretlyStrict(threshold_nats=0.5), g.cases, g.outputs)
     within = by(controls, "swap within bar")
     assert within.expect == "pass" and not within.ok
     assert guard("pass", controls, ["near_tie"])[0] == "pass"  # it can still fail: not vacuous
     assert failed_positive(controls, ["near_tie"])
 
 
-def test_a_gated_comparator_without_controls_is_unguarded() -> None:
+def test_a_gated_comparator_that_ran_no_controls_is_unguarded_and_vacuous() -> None:
+    from harness.kinds.base import Judgement
+    from harness.pipeline import unguarded
+
     g = golden()
-    controls = run_controls(AlwaysPass(), g.cases, g.outputs)  # not registered here
-    assert [c.mutation for c in controls] == [UNGUARDED]
+    j = Judgement("x", EngineInfo("x", "x", "1"), (Verdict("c01", "always_pass", "pass", "fine"),),
+                  ("always_pass",), (), "summary")
+    controls = unguarded(j)
+    assert [c.mutation for c in controls] == [UNGUARDED] and g.cases
     assert guard("pass", controls, ["always_pass"])[0] == "vacuous"
 
 
@@ -161,7 +164,7 @@ def cases(n: int) -> list[Case]:
      "gap is zero"),
 ])
 def test_degenerate_goldens_make_near_tie_vacuous(what: str, outputs: list[Output], needle: str) -> None:
-    controls = run_controls(NearTie(threshold_nats=0.5), cases(2), {o.case_id: o for o in outputs})
+    controls = own(NearTie(threshold_nats=0.5), cases(2), {o.case_id: o for o in outputs})
     check = by(controls, GOLDEN_CHECK + " logprobs")
     assert not check.ok and needle in check.note, (what, check)
     assert guard("pass", controls, ["near_tie"])[0] == "vacuous", what
@@ -174,7 +177,7 @@ def test_degenerate_goldens_make_near_tie_vacuous(what: str, outputs: list[Outpu
 ])
 def test_degenerate_generations_make_strict_vacuous(tokens: list[list[int]], needle: str) -> None:
     outputs = {f"c{i}": Output(f"c{i}", tuple(t)) for i, t in enumerate(tokens)}
-    controls = run_controls(Strict(), cases(2), outputs)
+    controls = own(Strict(), cases(2), outputs)
     check = by(controls, GOLDEN_CHECK + " generations")
     assert not check.ok and needle in check.note
     assert guard("pass", controls, ["strict"])[0] == "vacuous"
@@ -182,15 +185,15 @@ def test_degenerate_generations_make_strict_vacuous(tokens: list[list[int]], nee
 
 def test_one_constant_case_is_flagged_not_fatal() -> None:
     outputs = {"c0": Output("c0", (7, 7, 7)), "c1": Output("c1", (1, 2, 3))}
-    check = by(run_controls(Strict(), cases(2), outputs), GOLDEN_CHECK + " generations")
+    check = by(own(Strict(), cases(2), outputs), GOLDEN_CHECK + " generations")
     assert check.ok and "constant in c0" in check.note
 
 
 def test_kl_controls_bite_and_a_kl_without_a_bar_is_vacuous() -> None:
     g = golden()
-    good = run_controls(KL(max_mean=1e-3), g.cases, g.outputs)
+    good = own(KL(max_mean=1e-3), g.cases, g.outputs)
     assert all(c.ok for c in good), good
-    bad = run_controls(KL(max_mean=float("inf")), g.cases, g.outputs)
+    bad = own(KL(max_mean=float("inf")), g.cases, g.outputs)
     assert not by(bad, "perturb above bar").ok
     assert guard("pass", bad, ["kl"])[0] == "vacuous"
 
@@ -207,29 +210,32 @@ def full_vocab_output(cid: str, n: int = 6, v: int = 16, seed: int = 0) -> Outpu
 
 def test_nmse_controls_need_full_vocab() -> None:
     full = {f"c{i}": full_vocab_output(f"c{i}", seed=i) for i in range(2)}
-    good = run_controls(NMSE(max_nmse=5e-4), cases(2), full)
+    good = own(NMSE(max_nmse=5e-4), cases(2), full)
     assert all(c.ok for c in good), good
-    assert not by(run_controls(NMSE(max_nmse=1e9), cases(2), full), "perturb above bar").ok
+    assert not by(own(NMSE(max_nmse=1e9), cases(2), full), "perturb above bar").ok
     g = golden()  # top-5 goldens: an NMSE gate on them can only skip
-    topk = run_controls(NMSE(max_nmse=5e-4), g.cases, g.outputs)
+    topk = own(NMSE(max_nmse=5e-4), g.cases, g.outputs)
     assert "full-vocab" in by(topk, GOLDEN_CHECK + " logprobs").note
     assert guard("pass", topk, ["nmse"])[0] == "vacuous"
 
 
-def test_every_registered_control_set_has_a_must_fail_mutation() -> None:
-    for e in CONTROLS.entries():
-        assert any(m.expect == "fail" for m in e.value.mutations), e.name
-    assert {"strict", "near_tie", "kl", "nmse"} <= set(CONTROLS)
+def test_every_registered_comparator_is_a_whole_unit() -> None:
+    for e in compare.COMPARATORS.entries():
+        u = e.value
+        assert u.check() is u and u.controls.must_fail and u.needs, e.name
+    assert {"strict", "near_tie", "kl", "nmse", "drift", "bit_exact", "rl_logprobs", "byte_equal",
+            "kv_hits"} <= set(compare.COMPARATORS)
 
 
-def test_a_second_control_set_for_one_key_is_refused_unless_patched_in() -> None:
-    cs = ControlSet("strict", (Mutation("x", "fail", plant_decisive_flip),))
+def test_a_second_unit_for_one_name_is_refused_unless_patched_in() -> None:
+    real = compare.unit("strict")
     with pytest.raises(ValueError, match="registered twice"):
-        register(cs)
-    real = CONTROLS.get("strict")
-    with CONTROLS.patched("strict", cs):
-        assert CONTROLS.get("strict") is cs
-    assert CONTROLS.get("strict") is real
+        compare.add(real)
+    fake = Unit(AlwaysPass, "x", needs=TOKENS, across_devices="bits",
+                controls=ControlSet((Mutation("x", "fail", plant_decisive_flip),)))
+    with compare.COMPARATORS.patched("strict", fake):
+        assert compare.unit("strict") is fake
+    assert compare.unit("strict") is real
 
 
 # --- end to end: a gate whose comparator cannot fail writes a VACUOUS record and table cell ------
@@ -331,52 +337,68 @@ class TextOnlyStrict:
 
 def test_token_mutations_change_the_text_too_so_text_only_strict_is_guarded() -> None:
     g = golden()
-    controls = run_controls(TextOnlyStrict(), g.cases, g.outputs)
+    controls = own(TextOnlyStrict(), g.cases, g.outputs)
     assert by(controls, "flip decisive token").got == "fail 8/8"
     assert by(controls, "drop last token").got == "fail 8/8"
     assert guard("pass", controls, ["strict"])[0] == "pass"
 
 
-def pages(n: int = 4, size: int = 64) -> dict[tuple[str, str], bytes]:
+def evidence(n: int = 4, size: int = 64, pages: list[bytes] | None = None):  # noqa: ANN201
+    """One case's KV evidence: ``n`` pages written (and restored as written), chunk 32."""
+    from harness.kv.digest import digest_bytes
+    from harness.kv.evidence import CaseEvidence, MemoryPage
+    from harness.kv.pages import PageRef
+
     rng = np.random.default_rng(0)
-    return {(f"k{i}", "layer0"): rng.integers(0, 256, size, dtype=np.uint8).tobytes() for i in range(n)}
+    data = pages if pages is not None else [rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+                                            for _ in range(n)]
+    refs = [PageRef(f"k{i}", "layer0", 0, 32 * i, 32 * (i + 1)) for i in range(len(data))]
+    written = {r.id: MemoryPage(r, digest_bytes(d), d) for r, d in zip(refs, data, strict=True)}
+    hit = 32 * len(data)
+    return CaseEvidence("tiny", "c0", "clean", hit + 1, 32, hit, tuple(refs), written,
+                        tuple(written.values()), engine_cached=hit, connector_external=hit)
 
 
-def byte_equal(written, restored) -> str:  # noqa: ANN001
-    return "pass" if written == restored else "fail"
-
-
-def digest_of_first_page_only(written, restored) -> str:  # noqa: ANN001
+@dataclass(frozen=True, slots=True)
+class FirstPageLengthOnly:
     """A page comparator that compares one page's length: it cannot see a flipped byte."""
-    k = next(iter(written))
-    return "pass" if k in restored and len(restored[k]) == len(written[k]) else "fail"
+
+    key = "byte_equal"
+    needs_scores = False
+
+    def compare(self, oracle: Output, candidate: Output, case: Case) -> Verdict:
+        return Verdict(case.id, self.key, "skip", "pages")
+
+    def judge_kv(self, case: Case, ev) -> Verdict:  # noqa: ANN001
+        first = ev.expected[0].id if ev.expected else None
+        w, r = ev.written.get(first), next((p for p in ev.restored if p.ref.id == first), None)
+        ok = first is None or (r is not None and w is not None and r.nbytes == w.nbytes)
+        return Verdict(case.id, self.key, "pass" if ok else "fail", "length of the first page")
 
 
-def test_page_controls_bite_on_a_real_byte_comparison() -> None:
-    from harness.controls import page_controls
-
-    controls = page_controls("byte_equal", byte_equal, pages())
-    assert all(c.ok for c in controls), controls
-    assert guard("pass", controls, ["byte_equal"])[0] == "pass"
+def test_page_controls_bite_on_the_real_byte_comparison() -> None:
+    ev = evidence()
+    for name in ("byte_equal", "kv_hits"):
+        controls = own(compare.build(name), [Case("c0", (1,))], {"c0": ev})
+        assert all(c.ok for c in controls), controls
+        assert guard("pass", controls, [name])[0] == "pass"
+    flip = by(own(compare.build("byte_equal"), [Case("c0", (1,))], {"c0": ev}), "flip one byte of one page")
+    assert flip.got == "fail 1/1" and "byte 32 of layer layer0" in flip.note
 
 
 def test_a_page_comparator_that_misses_a_flipped_byte_is_vacuous() -> None:
-    from harness.controls import page_controls
-
-    controls = page_controls("byte_equal", digest_of_first_page_only, pages())
-    assert by(controls, "flip one byte of one page").got == "pass"
+    controls = own(FirstPageLengthOnly(), [Case("c0", (1,))], {"c0": evidence()}, unit="byte_equal")
+    assert by(controls, "flip one byte of one page").got.startswith("pass")
     assert guard("pass", controls, ["byte_equal"])[0] == "vacuous"
 
 
 @pytest.mark.parametrize("captured, needle", [
-    ({}, "no pages were captured"),
-    ({("a", "l"): bytes(64), ("b", "l"): bytes(64)}, "zero bytes"),
-    ({("a", "l"): b"\x01" * 64, ("b", "l"): b"\x01" * 64}, "the same bytes"),
+    ([], "no pages were captured"),
+    ([bytes(64), bytes(64)], "zero bytes"),
+    ([b"\x01" * 64, b"\x01" * 64], "the same bytes"),
 ])
 def test_degenerate_page_captures_are_vacuous(captured, needle: str) -> None:  # noqa: ANN001
-    from harness.controls import page_controls
-
-    controls = page_controls("byte_equal", byte_equal, captured)
+    controls = own(compare.build("byte_equal"), [Case("c0", (1,))], {"c0": evidence(pages=captured)})
     assert needle in by(controls, GOLDEN_CHECK + " pages").note
     assert guard("pass", controls, ["byte_equal"])[0] == "vacuous"
 
@@ -410,12 +432,12 @@ def test_drift_controls_bite_and_a_drift_without_a_bar_is_vacuous() -> None:
     from harness.compare.drift import Drift
 
     outs = {f"c{i}": long_output(f"c{i}", seed=i) for i in range(2)}
-    good = run_controls(Drift(max_slope_per_1k=1e-4), cases(2), outs)
+    good = own(Drift(max_slope_per_1k=1e-4), cases(2), outs)
     assert by(good, "KL ramp above slope bar").got == "fail 2/2"
     assert all(c.ok for c in good), good
-    assert guard("pass", run_controls(Drift(max_slope_per_1k=1e9), cases(2), outs), ["drift"])[0] \
+    assert guard("pass", own(Drift(max_slope_per_1k=1e9), cases(2), outs), ["drift"])[0] \
         == "vacuous"
     g = golden()  # 32 positions: drift has no slope to judge, so a drift gate there cannot fail
-    short = run_controls(Drift(), g.cases, g.outputs)
+    short = own(Drift(), g.cases, g.outputs)
     assert by(short, "KL ramp above slope bar").got == "unplantable"
     assert guard("pass", short, ["drift"])[0] == "vacuous"

@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.api import Case, Output, Sampling
-from harness.compare import build
+from harness.compare import build, unit
 from harness.compare.full import dense_from_topk, row_facts, topk
-from harness.compare.kl import KL, RUN
-from harness.compare.nmse import NMSE
-from harness.controls import Needs, golden_checks, plant_kl_shift, plant_nmse_noise, run_controls
+from harness.compare.kl import KL, RUN, plant_kl_shift
+from harness.compare.nmse import NMSE, plant_nmse_noise
+from harness.compare.unit import Needs
+from harness.controls import golden_checks, run_controls
 from harness.suites import FULL_TOP_K, SuiteError, load_suite
 
 CASE = Case("c01", (1, 2, 3))
@@ -144,9 +145,9 @@ def test_planted_perturbations_of_full_rows_fail_and_a_copy_passes() -> None:
         assert not isinstance(p, str) and p.candidate.full_logprobs is not None
         assert comp.compare(p.oracle, p.candidate, CASE).status == "fail", p.note
         assert np.allclose(np.exp(np.asarray(p.candidate.full_logprobs, np.float64)).sum(1), 1, atol=1e-4)
-    controls = run_controls(build("drift", {"max_slope_per_1k": 0.02}), [CASE], {"c01": a})
+    controls = run_controls(build("drift", {"max_slope_per_1k": 0.02}), unit("drift").controls, [CASE], {"c01": a})
     assert all(c.ok for c in controls), controls
-    controls = run_controls(build("nmse", {}), [CASE], {"c01": a})
+    controls = run_controls(build("nmse", {}), unit("nmse").controls, [CASE], {"c01": a})
     assert all(c.ok for c in controls) and any("full-vocab rows" in c.note for c in controls), controls
 
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from harness.api import Case, Output, Sampling, Verdict
-from harness.compare import build
+from harness.compare import build, unit
 from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
 from harness.compare.rl_logprobs import RUN, RLLogprobs, rl_stats
-from harness.controls import guard, run_controls, vacuous_reasons
+from harness.controls import run_controls
 from harness.features.catalog import load_catalog
 from harness.features.cells import judge_record
 from harness.invariance.plan import (
@@ -41,10 +41,11 @@ from harness.invariance.run import GroupResult, TrainerResult, output_from_line,
 from harness.invariance.settings import InvarianceError, parse, verdict_name, verdict_names
 from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, inverse_control, judge_pairs
 from harness.invariance.trainer import mode_logprobs
+from harness.kinds import staleness
 from harness.kinds.invariance import Ran
 from harness.pipeline import run_gate
-from harness.records import load_record
-from harness.staleness import Current, staleness
+from harness.records import guard, load_record, vacuous_reasons
+from harness.staleness import Current
 from harness.suites import SuiteError, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.conftest import make_case, make_output
@@ -246,9 +247,9 @@ def test_rl_bars_judge_a_sequence_and_the_pooled_run() -> None:
     assert comp.compare(ro, with_chosen(ro, np.where(np.arange(20) == 4, -np.inf, ro.chosen_logprobs)),
                         case).status == "fail"  # a support mismatch
     assert comp.compare(ro, ro.with_tokens([1, 2]), case).status == "error"
-    pooled = comp.compare_run([(ro, close), (ro, far)])
+    pooled = comp.compare_run([ro, ro], [close, far], [case, case])
     assert pooled.case_id == RUN and pooled.status == "fail" and pooled.evidence["sequences"] == 2
-    controls = run_controls(comp, [case], {case.id: ro})
+    controls = run_controls(comp, unit("rl_logprobs").controls, [case], {case.id: ro})
     assert all(c.ok for c in controls) and any(c.expect == "fail" for c in controls)
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.kv.capture import CaptureError, CaptureWriter, PageTag, SchedulerLog, read_capture
+from harness.kv.capture import CaptureError, PageTag, read_capture
+from harness.kv.capture_write import CaptureWriter, SchedulerLog
 from harness.kv.digest import page_digests
 from harness.kv.pages import PageRef
 

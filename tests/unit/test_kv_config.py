@@ -24,7 +24,7 @@ from harness.kv.config import (
     parse_connector,
 )
 from harness.kv.plan import groups_of
-from harness.kv.roundtrip import KVSettings
+from harness.kv.settings import KVSettings
 from harness.registry import UnknownName
 from harness.suites import SuiteError, load_suite
 from harness.workspace import REPO_ROOT

@@ -20,7 +20,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.kv.capture import CaptureWriter, HostStager, PageTag, _PageLines, read_capture, written_digests
+from harness.kv.capture import PageTag, read_capture, written_digests
+from harness.kv.capture_write import CaptureWriter, HostStager, _PageLines
 from harness.kv.digest import cache_digests, digest_bytes, page_digests
 from harness.kv.pages import PageRef
 

@@ -91,6 +91,7 @@ def test_a_release_without_a_needed_hook_is_a_named_skip(monkeypatch: pytest.Mon
 
 def test_a_skipped_phase_makes_skip_verdicts_not_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from harness.kv import roundtrip
+    from harness.kv.passes import Phase
     from harness.models import resolve_model
     from harness.suites import find_suite
     from harness.workspace import Workspace
@@ -99,9 +100,9 @@ def test_a_skipped_phase_makes_skip_verdicts_not_errors(monkeypatch: pytest.Monk
     model, suite = resolve_model("tiny-llama", ws), find_suite(ws.suites, "kv_roundtrip")
     calls = []
 
-    def skipped(folder: Path, name: str, *a: object, **k: object) -> roundtrip.Phase:
+    def skipped(folder: Path, name: str, *a: object, **k: object) -> Phase:
         calls.append(name)
-        return roundtrip.Phase(name, False, "vLLM 0.1.0 lacks KVConnectorBase_V1.wait_for_layer_load",
+        return Phase(name, False, "vLLM 0.1.0 lacks KVConnectorBase_V1.wait_for_layer_load",
                                "0.1.0", {}, (), None, tmp_path / "none.log",
                                {"vllm": "0.1.0", "missing": ["KVConnectorBase_V1.wait_for_layer_load"]},
                                skipped=True)

@@ -8,17 +8,13 @@ import torch
 
 from harness.api import Case
 from harness.compare.byte_equal import ByteEqual
-from harness.kv.capture import CaptureWriter, PageTag, SchedulerLog, read_capture
+from harness.kv.capture import PageTag, read_capture
+from harness.kv.capture_write import CaptureWriter, SchedulerLog
+from harness.kv.judge import Judge
 from harness.kv.pages import PageRef, prefix_keys
-from harness.kv.roundtrip import (
-    Judge,
-    KVSettings,
-    Phase,
-    consumer_passes,
-    producer_passes,
-    refusal_controls,
-    refusal_verdicts,
-)
+from harness.kv.passes import Phase, consumer_passes, producer_passes
+from harness.kv.refusal import refusal_controls, refusal_verdicts
+from harness.kv.settings import KVSettings
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 CASE = Case("c1", tuple(range(2, 2 + 70)))

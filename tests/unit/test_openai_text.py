@@ -202,11 +202,11 @@ def test_a_shared_text_is_resolved_only_by_a_retokenization_that_agrees_everywhe
     text = "the the the"
     ids = list(model.encode(text))
     shown = [render(t) for t in ids]
-    assert runner._retokenized([ids[0], UNMAPPED, *ids[2:]], shown, text) == (ids, 1)
+    assert runner.decoder.retokenized([ids[0], UNMAPPED, *ids[2:]], shown, text) == (ids, 1)
     wrong = (ids[-1] + 1) % 512
-    assert runner._retokenized([ids[0], UNMAPPED, *ids[2:-1], wrong], shown, text)[1] == 0  # disagrees
-    assert runner._retokenized([ids[0], UNMAPPED, *ids[2:]], ["x", *shown[1:]], text)[1] == 0  # not shown so
-    assert runner._retokenized([UNMAPPED, *ids], ["", *shown], text)[1] == 0  # a token more than the text
+    assert runner.decoder.retokenized([ids[0], UNMAPPED, *ids[2:-1], wrong], shown, text)[1] == 0  # disagrees
+    assert runner.decoder.retokenized([ids[0], UNMAPPED, *ids[2:]], ["x", *shown[1:]], text)[1] == 0  # not shown so
+    assert runner.decoder.retokenized([UNMAPPED, *ids], ["", *shown], text)[1] == 0  # a token more than the text
 
 
 def test_an_ambiguous_top_entry_is_the_chosen_token_when_text_and_logprob_both_match() -> None:

@@ -13,14 +13,14 @@ from rich.console import Console
 
 from harness.api import EngineInfo, Verdict
 from harness.cli import build_parser
-from harness.kinds import KINDS, GateRequest, Judgement
+from harness.kinds import KINDS, GateRequest, Judgement, staleness
 from harness.models import resolve_model
 from harness.oracle import load_or_record
 from harness.pipeline import build_record, kind_of, run_gate
 from harness.records import Record, load_record, upgrade
 from harness.report import print_record
 from harness.speed import Speed, speed_extra
-from harness.staleness import Current, staleness
+from harness.staleness import Current
 from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.unit.features_kit import make_git_workspace, ok_controls

@@ -116,7 +116,7 @@ def test_a_support_violation_names_the_token_and_its_rank() -> None:
 
 
 def test_controls_report_every_parameter_and_the_false_positive_rate() -> None:
-    p = make_plan(kit.oracle(1), kit.settings(["t07", "p08", "pres10"], control_repetitions=50), "vllm")
+    p = make_plan(kit.oracle(2), kit.settings(["t07", "p08", "pres10"], control_repetitions=50), "vllm")
     ctl, facts = doubles.controls(p, kit.traits())
     by = {(c.comparator, c.mutation): c for c in ctl}
     assert by[("sampling.top_p", "top-p keeps one token too many")].ok

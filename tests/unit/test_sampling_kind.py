@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from harness.features.cells import judge_record
+from harness.kinds import KINDS
 from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.sampling.doubles import FAULTS, Double
 from harness.sampling.plan import gate_settings, make_plan
-from harness.staleness import KIND_RULES
 from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.unit import sampling_kit as kit
@@ -73,7 +73,7 @@ def test_a_correct_sampler_passes_with_every_control_biting(workspace: Workspace
     assert s["chain"]["name"] == "vllm" and s["budget"]["draws"] > 0
     assert s["false_positive"]["repetitions"] == 60 and s["planted"]
     assert rec.oracle["rows"] == "synthetic (unit test)"
-    assert "sampling" in KIND_RULES
+    assert KINDS.get("sampling").stale is not None
     assert judge_record(rec, ["sampling.top_p"])[0] == "pass"
 
 
@@ -82,7 +82,9 @@ def test_a_planted_fault_fails_the_record(workspace: Workspace) -> None:
     rec = load_record(_run(workspace, fault=top_p).path)
     assert rec.outcome == "fail" and "top_p" in rec.summary.partition("FAIL ")[2].split(";")[0]
     state, text = judge_record(rec, ["sampling.top_p"])
-    assert state == "fail" and "sampling.top_p" in text
+    # a parameter some of whose tests reject is a gated failure of the record; its FEATURES cell is
+    # partial (the generic cell rule) when other tests of the same parameter passed, and names them
+    assert state in ("fail", "partial") and "sampling.top_p" in text, (state, text)
 
 
 def test_a_parameter_the_engine_lacks_is_refused_and_not_gated(workspace: Workspace) -> None:

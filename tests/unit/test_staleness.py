@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from harness.features import Judge, generate, load_catalog, load_records
-from harness.staleness import Current, NoAnswer, is_ancestor, staleness
+from harness.kinds import staleness
+from harness.staleness import Current, NoAnswer, is_ancestor
 from harness.workspace import Workspace
 from tests.unit.features_kit import commit, git, make_git_workspace, make_record
 
@@ -147,3 +148,45 @@ def test_stale_is_never_shown_as_pass(ws: Workspace) -> None:
     cell = Judge(ws, cat, recs, broken).cell(cat.row("near-tie"), "tiny-llama", cat.columns[0])
     assert cell.state == "stale" and cell.symbol == "⌛"
     assert cell.text.count("✅") == 1 and "(was ✅" in cell.text
+
+
+def test_every_registered_gate_kind_carries_its_own_staleness_rule(workspace: Workspace) -> None:
+    from harness.kinds import KINDS
+    from harness.records import load_record
+    from harness.workspace import REPO_ROOT
+
+    cur = Current.of(workspace)
+    committed = {}
+    for p in sorted((REPO_ROOT / "reports" / "records").rglob("*.json")):
+        rec = load_record(p)
+        committed.setdefault(rec.kind, rec)
+    for e in KINDS.entries():
+        assert callable(e.value.stale), e.name
+        rec = committed.get(e.name)
+        if rec is not None:  # the kind's rule answers a record of its kind with reasons (a list)
+            assert isinstance(e.value.stale(rec, cur), list), e.name
+    assert set(committed) <= set(KINDS), "a committed record of a kind no gate kind judges"
+
+
+def test_a_gate_kind_without_a_staleness_rule_is_refused() -> None:
+    from harness.kinds import KINDS, register_kind
+    from harness.kinds.parity import Parity
+
+    class Forgetful:  # every part of a gate kind but the staleness rule
+        name, tables, default_candidate = "forgetful", (), "hf"
+        prepare, run, judge = Parity.prepare, Parity.run, Parity.judge
+
+    with pytest.raises(TypeError, match="lacks stale"):
+        register_kind(Forgetful(), help="no staleness rule")
+    assert "forgetful" not in KINDS
+
+
+def test_a_record_of_an_unknown_kind_is_stale_with_the_reason(workspace: Workspace) -> None:
+    from dataclasses import replace
+
+    from harness.records import load_record
+    from harness.workspace import REPO_ROOT
+
+    rec = load_record(next((REPO_ROOT / "reports" / "records").rglob("*.json")))
+    why = staleness(replace(rec, kind="retired"), Current.of(workspace))
+    assert any("record kind 'retired' is no gate kind" in w for w in why)

@@ -73,6 +73,14 @@ def test_ci_runs_make_test_and_features_check() -> None:
     assert "make test" in runs and "make features-check" in runs
 
 
+def test_ci_puts_a_gate_verdict_in_the_job_summary() -> None:
+    steps = load("ci.yml")["jobs"]["test"]["steps"]
+    gate = next(i for i, s in enumerate(steps) if s.get("run", "").startswith("make gate "))
+    show = next(i for i, s in enumerate(steps) if "harness show --markdown" in s.get("run", ""))
+    assert show > gate and steps[gate].get("id") == "gate"
+    assert steps[show]["run"].endswith('>> "$GITHUB_STEP_SUMMARY"') and "steps.gate.outcome" in steps[show]["if"]
+
+
 def test_the_fleet_workflow_shards_from_the_plan_and_merges_every_shard() -> None:
     wf = load("gpu.yml")
     jobs = wf["jobs"]

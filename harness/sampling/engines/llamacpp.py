@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -22,7 +21,8 @@ from pathlib import Path
 from harness.api import EngineFailed, EngineInfo, RunFacts, SamplePass, SamplerTraits, Samples
 from harness.engines import RunnerContext, make_runner
 from harness.engines.llamacpp import LlamaCppRunner
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.procs import run_engine
+from harness.excerpt import tail
 from harness.models import ModelRef
 from harness.sampling.engines.base import SAMPLERS, params, samples
 
@@ -95,29 +95,16 @@ class LlamaCppSampler:
             )
         )
         t0 = time.perf_counter()
-        with log.open("w") as fh:
-            proc = subprocess.Popen(
-                [str(venv.python), str(WORKER), str(req), str(res)],
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=parent_death_signal(),
-            )
-            track(proc)
-            try:
-                rc = proc.wait(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                raise EngineFailed(
-                    f"llama.cpp draws did not finish within {TIMEOUT_S:.0f} s",
-                    log.read_text(errors="replace")[-4000:],
-                ) from None
-            finally:
-                kill_group(proc)
+        done = run_engine([str(venv.python), str(WORKER), str(req), str(res)], log, TIMEOUT_S,
+                          label="llama.cpp draws")
+        if done.timed_out:
+            raise EngineFailed(f"llama.cpp draws did not finish within {TIMEOUT_S:.0f} s",
+                               tail(log.read_text(errors="replace")))
+        rc = done.returncode
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
         if rc != 0 or not lines or lines[-1].get("kind") != "end":
-            raise EngineFailed(
-                f"the llama.cpp worker exited with {rc}", log.read_text(errors="replace")[-4000:]
-            )
+            raise EngineFailed(f"the llama.cpp worker exited with {rc}",
+                               tail(log.read_text(errors="replace")))
         self.version = str(lines[0].get("version", ""))
         self.timings.update({**lines[0].get("timings", {}), "sample_wall_s": time.perf_counter() - t0})
         width = {(p.name, r.key): r.sampling.max_tokens for p in passes for r in p.requests}

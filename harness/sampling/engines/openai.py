@@ -32,6 +32,7 @@ from typing import Any
 
 from harness.api import EngineFailed, EngineInfo, EngineRefused, RunFacts, SamplePass, SamplerTraits, Samples
 from harness.engines import RunnerContext, split_spec
+from harness.excerpt import clip
 from harness.models import ModelRef
 from harness.sampling.engines.base import SAMPLERS, params, samples
 from harness.sampling.transforms import CHAINS
@@ -84,7 +85,7 @@ class OpenAISampler:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
-            raise EngineFailed(f"{path}: HTTP {e.code}: {e.read()[:300]!r}") from None
+            raise EngineFailed(f"{path}: HTTP {e.code}: {clip(repr(e.read()))}") from None
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise EngineFailed(f"{path}: {e}") from None
 

@@ -1,0 +1,135 @@
+"""One engine process of the KV round trip, seen from the host: the passes it runs (producer:
+timing passes then the real write; consumer: the restore with its reference and fault lanes), the
+process that runs them (:mod:`harness.kv.phase` inside, under a release's interpreter), and what it
+left behind read back as a :class:`Phase`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.api import Case, Sampling
+from harness.engines.procs import engine_env, run_engine
+from harness.kv.capture import Capture, CaptureError, read_capture
+from harness.models import ModelRef
+
+PHASE_TIMEOUT_S = float(os.environ.get("HARNESS_KV_TIMEOUT_S", "900"))
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    ok: bool
+    reason: str
+    version: str
+    timings: Mapping[str, float]
+    rows: tuple[Mapping[str, Any], ...]
+    capture: Capture | None
+    log: Path
+    compat: Mapping[str, Any] = field(default_factory=dict)
+    """What :mod:`harness.kv.compat` adapted to the release this phase ran on."""
+    skipped: bool = False
+    """The release lacks a hook the gate needs (``reason`` names it): a skip, not an error."""
+
+    def row(self, pass_name: str, case: str, lane: str) -> Mapping[str, Any] | None:
+        return next((r for r in self.rows if r["pass"] == pass_name and r["case"] == case
+                     and r["lane"] == lane), None)
+
+    def tail(self, n: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+
+def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any], sampling: Sampling,
+              passes: Sequence[Mapping[str, Any]], capture_dir: Path,
+              timeout_s: float = PHASE_TIMEOUT_S, python: str | None = None) -> Phase:
+    """Start one engine in a child process group (under ``python``: a vLLM release's venv, else this
+    interpreter), run ``passes``, read its capture back."""
+    folder.mkdir(parents=True, exist_ok=True)
+    req, res = folder / f"{name}.request.json", folder / f"{name}.result.jsonl"
+    log = folder / f"{name}.engine.log"
+    req.write_text(json.dumps({"model": model.path, "engine": dict(engine), "sampling": sampling.to_json(),
+                               "passes": list(passes)}, indent=1))
+    done = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
+                      timeout_s, engine_env(repo_on_path=True), cwd=folder,
+                      label=f"KV {name} engine ({model.name})")
+    rc, timed_out = done.returncode, done.timed_out
+    lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
+    head = lines[0] if lines else {}
+    capture = None
+    if capture_dir.is_dir():
+        try:
+            capture = read_capture(capture_dir)
+        except CaptureError:
+            capture = None
+    if timed_out:
+        return Phase(name, False, f"the {name} engine did not finish within {timeout_s:.0f} s", "", {}, (),
+                     capture, log)
+    complete = bool(lines) and lines[-1].get("kind") == "end"
+    compat = dict(head.get("compat") or {})
+    if head.get("kind") != "meta" or (rc != 0 and not complete):
+        reason = head.get("reason") or f"the {name} engine exited with {rc}"
+        return Phase(name, False, reason, str(compat.get("vllm", "")), {}, (), capture, log, compat,
+                     skipped=head.get("kind") == "skip")
+    return Phase(name, True, "", str(head.get("version", "")), dict(head.get("timings", {})),
+                 tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log, compat)
+
+
+def merge_compat(phases: Sequence[Phase]) -> dict[str, Any]:
+    """The phases' :mod:`harness.kv.compat` findings as one block: the release, every difference it
+    absorbed (once), the hooks it lacked, and the probes' answers."""
+    found = [ph.compat for ph in phases if ph.compat]
+    if not found:
+        return {}
+    return {"vllm": found[0].get("vllm", ""),
+            "notes": list(dict.fromkeys(n for c in found for n in c.get("notes", ()))),
+            "missing": list(dict.fromkeys(m for c in found for m in c.get("missing", ()))),
+            "offers": {k: v for c in found for k, v in c.get("offers", {}).items()}}
+
+
+def shift_prompt(ids: Sequence[int], by: int, vocab: int) -> list[int]:
+    """A same-length, same-shape copy of a prompt with other tokens (no shared prefix with it)."""
+    return [2 + (int(t) - 2 + by * 37) % (vocab - 2) for t in ids]
+
+
+def vocab_size(model: ModelRef) -> int:
+    cfg = Path(model.path) / "config.json"
+    try:
+        return int(json.loads(cfg.read_text()).get("vocab_size", 32000))
+    except (OSError, ValueError):
+        return 32000
+
+
+def request(case: str, ids: Sequence[int], lane: str = "clean", **kw: Any) -> dict[str, Any]:
+    return {"case": case, "lane": lane, "prompt_ids": list(ids), **kw}
+
+
+def producer_passes(cases: Sequence[Case], reps: int, vocab: int, copies: int = 1) -> list[dict[str, Any]]:
+    """Warm-up, then ``reps`` x (record-off, record-on) on shifted copies, then the real write.
+
+    Every timing request is a distinct shift of a case (off passes even shifts, on passes odd), so
+    each pass computes and stores as much as the real write, ``copies`` times over."""
+    shifted = lambda by, capture: [  # noqa: E731
+        request(c.id, shift_prompt(c.prompt_ids, by + 10 * k, vocab), "scratch", capture=capture)
+        for k in range(copies) for c in cases]
+    passes = [{"name": "warm", "requests": [request(cases[0].id, shift_prompt(cases[0].prompt_ids, 1, vocab),
+                                                 "scratch", capture=False)]}]
+    for r in range(reps):
+        passes.append({"name": f"off{r}", "requests": shifted(2 + 2 * r, False)})
+        passes.append({"name": f"on{r}", "requests": shifted(3 + 2 * r, True)})
+    passes.append({"name": "write", "requests": [request(c.id, c.prompt_ids) for c in cases]})
+    return passes
+
+
+def consumer_passes(cases: Sequence[Case], control: Case | None,
+                    lanes: Sequence[str]) -> list[dict[str, Any]]:
+    reqs = [request(c.id, c.prompt_ids) for c in cases]
+    reqs += [request(c.id, c.prompt_ids, "ref", passive=True, skip_reading=True, capture=False)
+             for c in cases]
+    if control is not None:
+        reqs += [request(control.id, control.prompt_ids, lane) for lane in lanes]
+    return [{"name": "restore", "requests": reqs}]

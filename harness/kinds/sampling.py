@@ -27,7 +27,8 @@ from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.sampling import doubles, judge
 from harness.sampling.engines import make_sampler
 from harness.sampling.oracle import oracle_rows
-from harness.sampling.plan import GateSettings, OracleRows, Plan, gate_settings, make_plan
+from harness.sampling.plan import OracleRows, Plan, make_plan
+from harness.sampling.settings import GateSettings, gate_settings
 from harness.sampling.transforms import CHAINS
 from harness.staleness import reference_reasons
 from harness.workspace import Workspace
@@ -144,8 +145,6 @@ class SamplingKind:
         t_controls = time.perf_counter() - t0
         gated = [v for v in verdicts if v.status != "refused" or v.comparator in (judge.SEED, judge.LOGPROBS)]
         gates = tuple(dict.fromkeys(v.comparator for v in gated))
-        if (spec := req.suite.comparator("sampling")) is not None and not spec.gate:
-            gates = ()
         draws = plan.total_draws
         det = sum(r.n for p in plan.passes() for r in p.requests if r.key.endswith("#det"))
         wall = float(ran.timings.get("sample_wall_s") or ran.timings.get("candidate_wall_s") or 0.0)

@@ -30,7 +30,7 @@ def run_sampling(
     from harness.models import resolve_model
     from harness.pipeline import run_gate
     from harness.sampling.oracle import oracle_rows
-    from harness.sampling.plan import gate_settings
+    from harness.sampling.settings import gate_settings
     from harness.suites import find_suite
 
     model = resolve_model(model_name, ws)

@@ -24,7 +24,8 @@ from harness.engines.vllm import VLLMRunner
 from harness.models import ModelRef
 from harness.oracle import ORACLE, oracle_available
 from harness.pin import oracle_pin
-from harness.sampling.plan import GateSettings, OracleRows, rows_needed
+from harness.sampling.plan import OracleRows, rows_needed
+from harness.sampling.settings import GateSettings
 from harness.suites import Suite, SuiteError
 from harness.workspace import Workspace
 

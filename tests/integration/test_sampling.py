@@ -1,6 +1,7 @@
 """The sampling gate with real engines, at test scale: the pinned vLLM as the oracle (one start)
 and transformers' own sampler on tiny-llama (suite sampling_small). The other engines' runs are
-committed records (make sampling MODEL=smollm2-135m)."""
+committed records (make sampling MODEL=smollm2-135m SUITE=sampling_small). Opt-in (-m sampling_engines):
+one vLLM start and a few thousand transformers draws take minutes on a 2-core host."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from harness.records import load_record
 from harness.sampling.command import run_sampling
 from harness.workspace import REPO_ROOT, Workspace
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.sampling_engines]
 
 
 @pytest.fixture(scope="module")

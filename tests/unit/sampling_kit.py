@@ -9,7 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from harness.api import Case, SamplerTraits, Sampling
-from harness.sampling.plan import GateSettings, OracleRows, Setting
+from harness.sampling.plan import OracleRows
+from harness.sampling.settings import GateSettings, Setting
 
 V = 400
 REPEATED = (5, 6, 7)

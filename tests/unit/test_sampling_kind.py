@@ -13,7 +13,8 @@ from harness.kinds import KINDS
 from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.sampling.doubles import FAULTS, Double
-from harness.sampling.plan import gate_settings, make_plan
+from harness.sampling.plan import make_plan
+from harness.sampling.settings import gate_settings
 from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.unit import sampling_kit as kit

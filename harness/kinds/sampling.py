@@ -18,20 +18,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.api import EngineFailed, EngineInfo, EngineRefused, Sampler, Samples, Verdict, failure_verdicts
 from harness.engines import RunnerContext, split_spec
 from harness.excerpt import first_line
 from harness.kinds.base import GateRequest, Judgement, register_kind
-from harness.sampling import doubles, judge
 from harness.sampling.engines import make_sampler
-from harness.sampling.oracle import oracle_rows
-from harness.sampling.plan import OracleRows, Plan, make_plan
 from harness.sampling.settings import GateSettings, gate_settings
 from harness.sampling.transforms import CHAINS
 from harness.staleness import reference_reasons
 from harness.workspace import Workspace
+
+if TYPE_CHECKING:  # the statistics (scipy) load when a sampling gate runs, not with the kinds
+    from harness.sampling.plan import OracleRows, Plan
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,6 +72,8 @@ class SamplingKind:
         given = req.options.get("oracle")
         if given is None:
             _say(req, f"oracle: the pinned vLLM, greedy + raw logits for {len(req.suite.cases)} cases")
+            from harness.sampling.oracle import oracle_rows
+
             rows, prov = oracle_rows(ws, req.model, req.suite, gs)
         else:
             rows, prov = given
@@ -86,6 +88,8 @@ class SamplingKind:
         except EngineRefused as e:
             return Prepared(gs, tuple(rows), prov, None, None, ("refused", str(e)))
         traits = sampler.traits()
+        from harness.sampling.plan import make_plan
+
         plan = make_plan(rows, gs, traits.chain, traits.unsupported)
         return Prepared(gs, tuple(rows), prov, sampler, plan)
 
@@ -112,6 +116,8 @@ class SamplingKind:
             s.close()
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Ran) -> Judgement:
+        from harness.sampling import doubles, judge
+
         plan, decode = prepared.plan, req.model.decode
         oracle = {"role": "reference distribution", **dict(prepared.oracle)}
         failure = prepared.failure or (ran.failure[:2] if ran.failure else None)
@@ -202,6 +208,8 @@ def _info(sampler: Sampler | None, spec: str) -> EngineInfo:
 
 
 def _summary(suite: str, verdicts: list[Verdict], facts: Mapping[str, Any]) -> str:
+    from harness.sampling import judge
+
     tests = [v for v in verdicts if v.comparator not in (judge.SEED, judge.LOGPROBS)]
     judged = [v for v in tests if v.status in ("pass", "fail")]
     fails = [v for v in judged if v.status == "fail"]

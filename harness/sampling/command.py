@@ -7,15 +7,13 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-
+from harness.console import stdout as console
 from harness.workspace import Workspace
 
 if TYPE_CHECKING:
     from harness.pipeline import GateResult
 
 DEFAULT_CANDIDATES = ("vllm", "hf", "llamacpp")
-console = Console()
 
 
 def run_sampling(

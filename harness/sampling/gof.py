@@ -44,10 +44,10 @@ from typing import Any, Literal
 import numpy as np
 from scipy import optimize, stats
 
+from harness.sampling.settings import MAX_CELLS, MIN_EXPECTED
+
 Method = Literal["chi2", "binomial", "none"]
 
-MIN_EXPECTED = 5.0
-MAX_CELLS = 16
 POWER_DRAWS = 4000
 """Multinomial draws from a given alternative that its stated power is counted over."""
 MC_BELOW = 0.05

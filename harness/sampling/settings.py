@@ -9,10 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.api import Sampling
-from harness.sampling import gof
 from harness.sampling.transforms import PARAMETERS
 from harness.suites import Suite, SuiteError
 
+MIN_EXPECTED = 5.0
+"""Smallest expected count of a cell of its own (a fit's default)."""
+MAX_CELLS = 16
+"""Cells per fit, the pooled rest included (a fit's default)."""
 TABLE = "sampling_gate"
 PARAMS_ROWS = (*PARAMETERS, "order")
 """What a setting may claim to exercise (one FEATURES.md row each): a parameter, or ``order`` (a
@@ -53,8 +56,8 @@ class GateSettings:
     alpha: float = 0.01
     power: float = 0.9
     target_tv: float = 0.1
-    min_expected: float = gof.MIN_EXPECTED
-    max_cells: int = gof.MAX_CELLS
+    min_expected: float = MIN_EXPECTED
+    max_cells: int = MAX_CELLS
     boundary_tol: float = 1e-3
     logprob_tol: float = 1e-3
 

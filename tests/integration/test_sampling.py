@@ -33,11 +33,17 @@ def test_transformers_sampler_against_the_pinned_oracle(ws: Workspace) -> None:
     # transformers has no presence penalty: refused, not gated
     pres = [v for v in rec.verdicts if v.comparator == "sampling.presence_penalty"]
     assert pres and {v.status for v in pres} == {"refused"} and "sampling.presence_penalty" not in rec.gates
-    # every gated parameter's planted fault bit, and the record says how the engine fared
+    # every gated parameter has a planted fault; each fault the record states power >= 0.9 against
+    # failed, and one it could not see makes the record vacuous (on tiny-llama's near-flat
+    # distributions "temperature not applied" may be such a fault at target TV 0.2)
     for gate in rec.gates:
-        must_fail = [c for c in rec.controls if c.comparator == gate and c.expect == "fail"]
-        assert must_fail and all(c.ok for c in must_fail), (gate, must_fail)
-    assert rec.outcome in ("pass", "fail"), rec.summary
+        assert [c for c in rec.controls if c.comparator == gate and c.expect == "fail"], gate
+    for fault, facts in s["planted"].items():
+        for param, power in facts["stated_power"].items():
+            if power >= 0.9:
+                assert facts["got"][param] == "fail", (fault, param, power)
+    missed = [c for c in rec.controls if c.expect == "fail" and not c.ok]
+    assert rec.outcome in (("vacuous", "fail") if missed else ("pass", "fail")), rec.summary
     if rec.outcome == "fail":  # a real disagreement names its test, its p-value and its effect size
         assert s["disagreements"] and all("p" in d and "observed_tv" in d for d in s["disagreements"])
     seed = {v.case_id: v for v in rec.verdicts if v.comparator == "sampling.seed"}

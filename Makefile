@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin
+.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin sampling
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -33,6 +33,7 @@ help:
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
 	@echo "make invariance MODEL=tiny-llama [ENGINE=vllm] [VARIANTS=batch,rl]  configurations that must not change one token"
+	@echo "make sampling MODEL=smollm2-135m [CANDIDATE=\"vllm hf llamacpp\"]  sampler parity with stated power"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
@@ -128,6 +129,13 @@ invariance: venv
 	$(BIN)/harness invariance --model '$(MODEL)' --engine '$(ENGINE)' \
 		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),invariance)' \
 		$(if $(VARIANTS),--variants '$(VARIANTS)')
+
+# Sampler parity: support, goodness of fit with stated power, seeds and logprobs on each engine's own
+# sampler (docs/sampling.md). CANDIDATE: one spec or several, space-separated (default vllm hf llamacpp).
+sampling: venv
+	$(BIN)/harness sampling --model '$(MODEL)' \
+		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),sampling)' \
+		$(foreach c,$(CANDIDATE),--candidate '$(c)')
 
 # The fleet (docs/fleet.md): the plan as CI matrix JSON, and the entries as pytest items.
 plan:

@@ -74,6 +74,20 @@ class Sampling:
     (:attr:`Output.full_logprobs`), whatever the vocabulary size."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
+    top_k: int = 0
+    """Keep the ``top_k`` most likely tokens (0: off)."""
+    min_p: float = 0.0
+    """Keep the tokens at least ``min_p`` times as likely as the most likely one (0: off)."""
+    repetition_penalty: float = 1.0
+    """Divide a positive logit (multiply a negative one) of a token seen before by this (1: off);
+    which tokens count as seen is the engine's rule (:mod:`harness.sampling.transforms`)."""
+    presence_penalty: float = 0.0
+    """Subtract this from the logit of every token seen before (0: off)."""
+    frequency_penalty: float = 0.0
+    """Subtract this times its count from the logit of every token seen before (0: off)."""
+
+    OPTIONAL = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    """The fields ``to_json`` writes only when they are not their default."""
 
     @property
     def greedy(self) -> bool:
@@ -87,8 +101,9 @@ class Sampling:
             "seed": self.seed,
             **({"full_vocab": True} if self.full_vocab else {}),
         }
-        if self.top_p != 1.0:  # greedy suites keep the exact form their goldens were recorded with
-            out["top_p"] = self.top_p
+        # greedy suites keep the exact form their goldens were recorded with (manifests hash it)
+        defaults = Sampling(0)
+        out.update({k: getattr(self, k) for k in self.OPTIONAL if getattr(self, k) != getattr(defaults, k)})
         return out
 
 
@@ -350,6 +365,87 @@ class SpeedLevels(Protocol):
         """Concurrency -> the :class:`~harness.speed.Speed` of the whole workload at it (``start``
         first; the runner stays started)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class SampleRequest:
+    """``n`` seeded draws of the next ``sampling.max_tokens`` tokens after one prompt, with the
+    engine's own sampler (the sampling gate)."""
+
+    key: str
+    prompt_ids: tuple[int, ...]
+    sampling: Sampling
+    """temperature, top-k, top-p, min-p and penalties; ``seed`` is the first draw's seed (draw i:
+    ``seed + i`` where the engine seeds requests; one seed per call where it does not)."""
+    n: int
+    path: tuple[int, ...] = ()
+    """The oracle's tokens a draw is judged after: a driver may stop a draw once it leaves them
+    (what would follow is never judged)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplePass:
+    """Requests an engine runs together: ``alone`` runs each draw in a call of its own (the
+    determinism lane: a seeded draw must not depend on its batch, where the engine promises it)."""
+
+    name: str
+    requests: tuple[SampleRequest, ...]
+    alone: bool = False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Samples:
+    """What one :class:`SampleRequest` drew."""
+
+    key: str
+    tokens: np.ndarray
+    """[n, max_tokens] int32: draw i's tokens; -1 after a draw stopped early."""
+    logprobs: np.ndarray | None = None
+    """[n, max_tokens] float32: the engine's logprob of each drawn token, as its
+    :attr:`SamplerTraits.logprobs_mode` says; None when it returns none."""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerTraits:
+    """What an engine's sampler promises: the reference the gate judges it against."""
+
+    chain: str
+    """The documented order and history rules of its sampler (``vllm``, ``transformers``,
+    ``llama.cpp``: :data:`harness.sampling.transforms.CHAINS`)."""
+    logprobs_mode: str
+    """Which logprobs it returns: ``raw_logprobs`` (before any processor), ``processed_logprobs``
+    (of the distribution it drew from) or ``none``."""
+    seed_scope: Literal["request", "call"]
+    """``request``: every request has its own seeded generator, so its draws cannot depend on the
+    batch (vLLM); ``call``: one generator per call (transformers), nothing promised across a batch."""
+    unsupported: Mapping[str, str] = field(default_factory=dict)
+    """Parameter -> why the engine cannot apply it (its tests are ``refused`` with that reason)."""
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Optional ability: draw seeded samples with the engine's own sampler (``make sampling``).
+
+    A sampling driver (:mod:`harness.sampling.engines`) wraps an engine spec; ``start`` loads the
+    engine, ``sample`` runs every pass in that one start, ``close`` frees it."""
+
+    name: str
+
+    def traits(self) -> SamplerTraits: ...
+
+    def info(self) -> EngineInfo: ...
+
+    def start(self) -> None: ...
+
+    def sample(self, passes: Sequence[SamplePass]) -> dict[str, dict[str, Samples]]:
+        """Pass name -> request key -> its draws. Per-request failures are ``Samples.error``;
+        :class:`EngineRefused` / :class:`EngineFailed` for the whole engine."""
+        ...
+
+    def facts(self) -> RunFacts: ...
+
+    def close(self) -> None: ...
 
 
 @runtime_checkable

@@ -24,6 +24,7 @@ from harness.models.built import ModelBuildError
 from harness.records import RecordError
 from harness.registry import Registry, UnknownName
 from harness.repin.command import SUBCOMMANDS as REPIN_SUBCOMMANDS
+from harness.sampling.command import SUBCOMMANDS as SAMPLING_SUBCOMMANDS
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -373,8 +374,10 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
 
 # Subcommands that live in their own modules: each declares (name, help, arguments, function).
 for _name, _help, _args, _fn in (*LOCALIZE_SUBCOMMANDS, *BISECT_SUBCOMMANDS, *REPIN_SUBCOMMANDS,
-                                 *FLEET_SUBCOMMANDS):
+                                 *SAMPLING_SUBCOMMANDS, *FLEET_SUBCOMMANDS):
     command(_name, _help, _args)(_fn)
+
+
 
 
 def build_parser() -> argparse.ArgumentParser:

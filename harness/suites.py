@@ -116,6 +116,12 @@ class Suite:
                     f"beyond the model's context of {limits.max_len}")
 
 
+JUDGED_BY_KIND = frozenset({"sampling"})
+"""Suite kinds that judge with their own table, not per-case comparators: the sampling gate's bars
+and settings are its ``[sampling_gate]`` table, its controls planted samplers (a ``[compare]`` table
+is optional there)."""
+
+
 def _need(d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
     if key not in d:
         raise SuiteError(f"{where}: missing field {key!r}")
@@ -174,8 +180,12 @@ def load_suite(path: Path) -> Suite:
 
     from harness.compare import COMPARATORS, ParamError, check_params
 
+    kind = raw.get("kind", "parity")
     comps = []
-    for cname, params in _need(raw, "compare", dict, where).items():
+    table = raw.get("compare", {}) if kind in JUDGED_BY_KIND else _need(raw, "compare", dict, where)
+    if not isinstance(table, dict):
+        raise SuiteError(f"{where}: field 'compare' must be a table")
+    for cname, params in table.items():
         if cname not in COMPARATORS:
             raise SuiteError(f"{where} [compare.{cname}]: {unknown('comparator', cname, COMPARATORS)}")
         if not isinstance(params, dict):
@@ -188,7 +198,7 @@ def load_suite(path: Path) -> Suite:
         except ParamError as e:
             raise SuiteError(str(e)) from None
         comps.append(ComparatorSpec(cname, gate, {k: v for k, v in params.items() if k != "gate"}))
-    if not comps:
+    if not comps and kind not in JUDGED_BY_KIND:
         raise SuiteError(f"{where}: [compare] names no comparator")
 
     cases, seen = [], set()
@@ -214,7 +224,6 @@ def load_suite(path: Path) -> Suite:
                               tuple(c.get("tags", ()))))
     if not cases:
         raise SuiteError(f"{where}: no cases")
-    kind = raw.get("kind", "parity")
     if not isinstance(kind, str) or not kind:
         raise SuiteError(f"{where}: field 'kind' must be a gate kind name, got {kind!r}")
     known = {"name", "version", "kind", "description", "sampling", "compare", "cases"}

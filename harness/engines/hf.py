@@ -75,6 +75,12 @@ class HFRunner:
         """The checkpoint it loads: the named model's, or the ``weights`` option's."""
         return self.weights.path if self.weights else self.model.path
 
+    @property
+    def lm(self) -> Any:
+        """The loaded transformers model (after ``start``): what the sampling driver draws with."""
+        assert self._lm is not None, "start() first"
+        return self._lm
+
     def info(self) -> EngineInfo:
         import transformers
 

@@ -201,7 +201,9 @@ class LlamaCppRunner(NoTensors):
         assert self.client is not None, "start() first"
         return self.client.measure_speeds(cases, sampling, levels)
 
-    def start(self) -> None:
+    def prepare(self) -> tuple[VenvInfo, GGUFFile]:
+        """The build and the GGUF, made first when missing (what ``start`` serves, and what the
+        sampling driver loads in-process with the same ``llama_cpp``)."""
         t0 = time.perf_counter()
         folder = llamacpp_dir(self.repo_root, self.version)
         if not (folder / STAMP).exists():
@@ -215,6 +217,11 @@ class LlamaCppRunner(NoTensors):
         t0 = time.perf_counter()
         self.gguf = self._gguf()
         self.timings["gguf_ready_s"] = time.perf_counter() - t0
+        return self.venv, self.gguf
+
+    def start(self) -> None:
+        self.prepare()
+        assert self.venv is not None and self.gguf is not None
         log = None
         if self.run_dir is not None:
             log = Path(tempfile.mkdtemp(prefix="llamacpp-", dir=self.run_dir)) / "server.log"

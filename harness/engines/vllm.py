@@ -98,8 +98,11 @@ class VLLMRunner:
     def __init__(self, model: ModelRef, options: Mapping[str, Any], name: str = "vllm",
                  python: str | None = None, version: str | None = None,
                  run_dir: Path | None = None, sampling_extra: Mapping[str, Any] | None = None,
-                 concurrency: int | None = None) -> None:
+                 concurrency: int | None = None, full_raw: bool = False) -> None:
         self.name = name
+        self.full_raw = full_raw
+        """With ``logprobs = "full"``: the whole rows are raw logits, not log-softmax (the
+        sampling gate's oracle: a repetition penalty depends on a logit's sign)."""
         self.concurrency = concurrency
         """None: every case in one ``generate`` call (how goldens are recorded). c: a closed loop
         with c requests in flight, which also measures each one's time to first token."""
@@ -212,7 +215,8 @@ class VLLMRunner:
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
             **({"concurrency": self.concurrency} if self.concurrency else {}),
-            **({"full": {"dir": str(work / "full")}} if sampling.full_vocab else {}),
+            **({"full": {"dir": str(work / "full"), **({"raw": True} if self.full_raw else {})}}
+               if sampling.full_vocab else {}),
             **({"speed_levels": list(self._levels)} if self._levels else {}),
             **({"tensors": tensors} if tensors else {}),
         }))

@@ -64,8 +64,9 @@ class FullSink:
         rows = [i for i, r in enumerate(batch.req_ids[:n])
                 if not discard[i] and (self.tag(r) or {}).get("kind") == "gen"]
         if rows:
-            lp = self.runner.sampler.compute_logprobs(
-                logits.index_select(0, torch.tensor(rows, device=logits.device))).cpu()
+            picked = logits.index_select(0, torch.tensor(rows, device=logits.device))
+            raw = bool(self.tags[batch.req_ids[rows[0]]].get("raw"))
+            lp = (picked.float() if raw else self.runner.sampler.compute_logprobs(picked)).cpu()
             for j, i in enumerate(rows):
                 req = batch.req_ids[i]
                 pos = self.next_row.get(req, 0)
@@ -98,7 +99,8 @@ class FullSink:
             if lo >= hi:
                 continue
             h = hidden[offset + lo - start: offset + hi - start]
-            lp = self.runner.sampler.compute_logprobs(self.runner.model.compute_logits(h)).cpu()
+            logits = self.runner.model.compute_logits(h)
+            lp = (logits.float() if tag.get("raw") else self.runner.sampler.compute_logprobs(logits)).cpu()
             for j in range(hi - lo):
                 self._write(tag, lo + j - first, lp[j])
         self.seconds += time.perf_counter() - t0
@@ -160,9 +162,9 @@ def full_sink_report(worker: Any) -> dict[str, Any]:
 class FullFiles:
     """Worker side: the ``.npy`` files of one run, created before the engine writes into them."""
 
-    def __init__(self, folder: str, vocab: int, hooked: bool) -> None:
+    def __init__(self, folder: str, vocab: int, hooked: bool, raw: bool = False) -> None:
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.vocab, self.hooked = folder, vocab, hooked
+        self.folder, self.vocab, self.hooked, self.raw = folder, vocab, hooked, raw
         self.files: dict[str, dict[str, Any]] = {}
 
     def new(self, name: str, kind: str, rows: int, first: int = 0) -> dict[str, Any]:
@@ -171,7 +173,8 @@ class FullFiles:
 
         path = os.path.join(self.folder, f"{name}.npy")
         mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(max(rows, 1), self.vocab))
-        tag = {"path": path, "kind": kind, "rows": rows, "first": first, "offset": int(mm.offset)}
+        tag = {"path": path, "kind": kind, "rows": rows, "first": first, "offset": int(mm.offset),
+               **({"raw": True} if self.raw else {})}
         del mm
         self.files[path] = tag
         return tag

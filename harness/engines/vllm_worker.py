@@ -23,7 +23,9 @@ was written (the exit code after it does not matter). An engine start failure wr
 Whole distributions: with "full": {"dir": FOLDER} in the request, every case and score line also
 carries "full": {"path", "rows", "vocab", "capture"}, a ``.npy`` float32 [rows, vocab] file in FOLDER
 whose row t is the engine's log-softmax at position t, column = token id, bit for bit what vLLM
-computes its own logprobs from (see :mod:`harness.engines.vllm_full`). The meta line's
+computes its own logprobs from (see :mod:`harness.engines.vllm_full`; "full": {"dir", "raw": true}:
+the raw logits instead, before any log-softmax: what a repetition penalty, whose effect depends on
+a logit's sign, applies to). The meta line's
 "peak_rss_kib" gives the peak resident memory of this process and of the engine-core process.
 
 Per-layer tensors: "tensors": {"dir": FOLDER, "sequences": [{"id", "ids"}]} adds one
@@ -235,10 +237,13 @@ def _full_files(llm: Any, full: dict | None) -> tuple[FullFiles | None, str | No
     if not full:
         return None, None
     vocab = int(llm.llm_engine.model_config.get_vocab_size())
+    raw = bool(full.get("raw"))
     try:
         llm.collective_rpc(vllm_full.install_full_sink)
-        return FullFiles(full["dir"], vocab, True), None
+        return FullFiles(full["dir"], vocab, True, raw), None
     except Exception as e:  # noqa: BLE001 - an older runner: fall back to vLLM's own dicts
+        if raw:  # vLLM's dicts hold logprobs: raw logits need the hook
+            raise
         return FullFiles(full["dir"], vocab, False), f"{type(e).__name__}: {e}"[:300]
 
 

@@ -119,6 +119,10 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
         from harness.invariance.settings import verdict_names
 
         return verdict_names(raw)
+    if raw.get("kind") == "sampling":  # its verdicts are named per parameter
+        from harness.sampling.settings import verdict_names as sampling_verdicts
+
+        return sampling_verdicts(raw)
     return list(comp) if isinstance(comp, dict) else []
 
 

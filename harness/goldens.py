@@ -148,10 +148,13 @@ def write_golden(folder: Path, *, model: ModelRef, suite: Suite, cases: Sequence
             "files": {f: sha256_file(tmp / f) for f in (CASES_FILE, ARRAYS_FILE)},
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    except OSError as e:  # a full or read-only disk, before anything was swapped in: nothing lost
+    except BaseException as e:  # before anything was swapped in: the partial folder goes, nothing is lost
         shutil.rmtree(tmp, ignore_errors=True)
+        why = (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
+        if not isinstance(e, OSError) and "(os error" not in why:  # safetensors words a full disk its own way
+            raise
         earlier = "the earlier goldens are untouched" if folder.exists() else "there were none before"
-        raise GoldenError(f"{folder}: the goldens could not be written: {e.strerror or e}. Nothing was "
+        raise GoldenError(f"{folder}: the goldens could not be written: {why}. Nothing was "
                           f"swapped in ({earlier}); free space and record again") from None
     try:
         if not folder.exists():

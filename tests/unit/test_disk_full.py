@@ -71,7 +71,9 @@ def test_a_record_on_a_full_disk_is_a_clear_error_and_the_earlier_ones_are_intac
     assert out["left"] == [out["first"]], "a half-written or temporary record was left behind"
 
 
-def test_goldens_on_a_full_disk_are_a_clear_error_and_the_earlier_ones_are_intact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("free", [4096, 8192])  # 8 KiB: cases.jsonl fits, the safetensors file does not
+def test_goldens_on_a_full_disk_are_a_clear_error_and_the_earlier_ones_are_intact(tmp_path: Path,
+                                                                                    free: int) -> None:
     goldens = tmp_path / "goldens" / "tiny-llama"
     out = _in_small_tmpfs(goldens, FILL + textwrap.dedent(f"""
         import json, shutil
@@ -86,7 +88,7 @@ def test_goldens_on_a_full_disk_are_a_clear_error_and_the_earlier_ones_are_intac
         shutil.copytree(ws.goldens / "tiny-llama" / "smoke", folder)
         g = read_golden(folder, model_name="tiny-llama", suite_name="smoke")
         before = {{p.name: p.read_bytes() for p in folder.iterdir()}}
-        fill(str(folder.parent), 4096)
+        fill(str(folder.parent), {free})
         try:
             write_golden(folder, model=resolve_model("tiny-llama", ws), suite=find_suite(ws.suites, "smoke"),
                          cases=g.cases, outputs=list(g.outputs.values()), oracle=g.oracle, pin=oracle_pin(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -81,6 +82,13 @@ def engine_up(*needles: str) -> Trigger:
     return lambda w: bool(w.matching(ENGINE_CORE)) and all(w.matching(n) for n in needles)
 
 
+def _signals_as_at_a_terminal() -> None:
+    """In the child before exec: SIGINT as a terminal delivers it. A table run in the background of
+    a non-interactive shell (``make chaos &``, a CI step) ignores SIGINT, and an ignored signal stays
+    ignored across exec: the SIGINT rows would then measure nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run(sandbox: Sandbox, argv: Sequence[str], *, trigger: Trigger | None = None,
         inject: Inject | None = None, timeout_s: float = 1800, env: Mapping[str, str] | None = None,
         log: Path | None = None) -> Ran:
@@ -89,7 +97,8 @@ def run(sandbox: Sandbox, argv: Sequence[str], *, trigger: Trigger | None = None
     t0 = time.monotonic()
     with log.open("wb") as fh:
         proc = subprocess.Popen(list(argv), stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=sandbox.root, env=sandbox.env(env), start_new_session=True)
+                                cwd=sandbox.root, env=sandbox.env(env), start_new_session=True,
+                                preexec_fn=_signals_as_at_a_terminal)
         watch = TreeWatch(proc.pid)
         injected, t_inj = None, None
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 from harness.chaos.launch import MODEL, Ran, Sandbox, engine_up, harness, last_error, run, signal_harness
@@ -53,8 +54,11 @@ def _signal_row(what: str, sig: signal.Signals, tmp: Path) -> Row:
     ran = run(sandbox, harness(*argv), trigger=engine_up(*needles), inject=signal_harness(sig))
     # complete goldens (the earlier ones, or new ones written whole before the signal) are not a loss
     lost = broken_goldens(sandbox.goldens, [(MODEL, "smoke"), (MODEL, "kv_roundtrip")])
-    return _finish(f"{sig.name} to the harness during {DURING[what]}",
-                   f"{sig.name} once the engine core was up", ran, sandbox, lost)
+    row = _finish(f"{sig.name} to the harness during {DURING[what]}",
+                  f"{sig.name} once the engine core was up", ran, sandbox, lost)
+    if ran.injected and ran.rc == 0:  # the run went on to the end: the signal stopped nothing
+        return replace(row, did=f"{row.did} (the signal did not stop the run)", ok=False)
+    return row
 
 
 for _what in WHAT:
@@ -97,9 +101,8 @@ def engine_hangs(tmp: Path) -> Row:
     row = _finish(f"an engine that stops answering (timeout {HANG_TIMEOUT_S} s)",
                   "SIGSTOP to every engine process once up", ran, sandbox, lost,
                   did=f"{_exit(ran.rc)} after {ran.wall_s:.0f} s from launch; {did}")
-    return Row(**{**row.__dict__, "seconds": ran.wall_s, "figure": "s from launch to the timeout error "
-                  f"(configured {HANG_TIMEOUT_S} s)",
-                  "ok": row.ok and ran.wall_s <= HANG_TIMEOUT_S + 60})
+    return replace(row, seconds=ran.wall_s, figure=f"s from launch to the timeout error (configured "
+                   f"{HANG_TIMEOUT_S} s)", ok=row.ok and ran.wall_s <= HANG_TIMEOUT_S + 60)
 
 
 def _one_record(sandbox: Sandbox, want: str, needle: str = "") -> tuple[list[str], str]:

@@ -45,6 +45,7 @@ def make_console(*, stderr: bool = False, environ: Mapping[str, str] = os.enviro
     if "width" not in kwargs and not _isatty(stream):
         kwargs["width"] = log_width(environ)
         kwargs.setdefault("soft_wrap", True)
+    kwargs.setdefault("_environ", environ)  # rich reads $COLUMNS too: the same environment decides
     return Console(stderr=stderr, **kwargs)
 
 

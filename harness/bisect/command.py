@@ -48,12 +48,11 @@ def bisect_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_bisect(a: argparse.Namespace, ws: Any) -> int:
-    from rich.console import Console
-
     from harness.bisect import BisectError
     from harness.bisect.run import bisect_history, bisect_releases
+    from harness.console import stderr as err
+    from harness.console import stdout as console
 
-    console, err = Console(), Console(stderr=True)
 
     def progress(s: str) -> None:
         console.print(f"[dim]{s}[/dim]", highlight=False)

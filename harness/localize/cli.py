@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.api import EngineRefused, TensorSource
+from harness.console import stderr, stdout
 from harness.engines import make_runner
 from harness.kinds.localize import KEY, divergences
 from harness.localize.oracle import cache_path, golden_sequence
@@ -55,7 +56,7 @@ def report(res: GateResult, ws: Workspace, con: Console, detail: bool = False) -
 
 
 def localize_command(a: argparse.Namespace, ws: Workspace) -> int:
-    con = Console()
+    con = stdout
     source = load_record(a.record)
     cases = a.cases if a.cases in (None, "all") else [c.strip() for c in a.cases.split(",") if c.strip()]
     res = localize(ws, source, str(a.record), cases)
@@ -130,9 +131,9 @@ def plant_command(a: argparse.Namespace, ws: Workspace) -> int:
         got = plant(resolve_model(a.model, ws), a.out, weight=a.weight, layer=a.layer, sub=a.sub,
                     relative=a.relative, seed=a.seed)
     except PlantError as e:
-        Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        stderr.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
-    Console().print(f"{got.path}: {a.model} with {got.weight} perturbed by {got.relative:g} (relative, seed "
+    stdout.print(f"{got.path}: {a.model} with {got.weight} perturbed by {got.relative:g} (relative, seed "
                     f"{got.seed}); digest {got.digest[:16]}\n  make gate MODEL={a.model} "
                     f"CANDIDATE=hf:weights={got.path}", highlight=False)
     return 0

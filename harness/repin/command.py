@@ -31,12 +31,11 @@ def repin_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_repin(a: argparse.Namespace, ws: Any) -> int:
-    from rich.console import Console
-
+    from harness.console import stderr as err
+    from harness.console import stdout as console
     from harness.repin import RepinError
     from harness.repin.run import repin
 
-    console, err = Console(), Console(stderr=True)
     if len(a.vllm.replace(",", " ").split()) != 1:
         err.print(f"[bold red]error:[/bold red] --vllm {a.vllm!r}: name one release, e.g. VLLM=0.31.0")
         return 2

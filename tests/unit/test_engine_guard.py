@@ -68,6 +68,12 @@ def test_a_timeout_stops_the_whole_group(tmp_path: Path) -> None:
     assert _gone(_pids(pids), timeout=1.0)
 
 
+def _sigint_as_at_a_terminal() -> None:
+    """A test run in the background of a non-interactive shell ignores SIGINT, and an ignored signal
+    stays ignored across exec: the harness under test gets it as a terminal delivers it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_no_engine_process_outlives_a_harness_stopped_by_a_signal(tmp_path: Path, sig: signal.Signals) -> None:
     """SIGKILL is the case the kernel's parent-death signal alone missed: it reaches the direct
@@ -79,7 +85,7 @@ def test_no_engine_process_outlives_a_harness_stopped_by_a_signal(tmp_path: Path
         from harness.engines.procs import run_engine
         run_engine([{sys.executable!r}, {str(tmp_path / "engine.py")!r}, {str(pids)!r}, "hang"],
                    Path({str(tmp_path / "log")!r}), 600, label="hang")
-        """)])
+        """)], preexec_fn=_sigint_as_at_a_terminal)
     engine = _pids(pids)
     group = group_members(os.getpgid(engine[0]))  # the engine, its child, and the guard
     assert set(engine) <= set(group)

@@ -14,7 +14,9 @@ dispatched op). A steered run's fingerprint names the steering, and its class is
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -49,15 +51,21 @@ def steering_env(isa: str, environ: Mapping[str, str]) -> dict[str, str]:
                           f"DNNL_MAX_CPU_ISA={dnnl} is set: unset it")
     path = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     hook = str(HOOK_DIR)
-    # vLLM's compile cache is keyed by config and model path, not by ISA: an emulated run must
-    # neither load nor leave kernels compiled for another ISA, so it gets a cache of its own.
-    cache = environ.get("VLLM_CACHE_ROOT") or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm")
+    # vLLM's compile cache and inductor's own are keyed by config, graph and model path, not by the
+    # emulated ISA: an emulated run must neither load nor leave kernels compiled for another ISA
+    # (measured: with vLLM's AOT compile off, an AVX2-emulated engine that loaded inductor's cached
+    # AVX-512 kernels generated token 0 at every step), so it gets caches of its own.
     own = f"harness-cpu-isa-{isa}"
-    if os.path.basename(os.path.normpath(cache)) != own:
-        cache = os.path.join(cache, own)
+
+    def own_folder(folder: str) -> str:
+        return folder if os.path.basename(os.path.normpath(folder)) == own else os.path.join(folder, own)
+
+    vllm_cache = environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "vllm")
+    inductor = environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")  # inductor's own default
     return {**want, "PYTHONPATH": os.pathsep.join([hook, *(p for p in path if p != hook)]),
-            "VLLM_CACHE_ROOT": cache}
+            "VLLM_CACHE_ROOT": own_folder(vllm_cache), "TORCHINDUCTOR_CACHE_DIR": own_folder(inductor)}
 
 
 def steer_cpu_isa(environ: MutableMapping[str, str] | None = None,

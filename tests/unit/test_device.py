@@ -156,6 +156,10 @@ def test_steering_env_refuses_unknown_isas_and_conflicting_settings() -> None:
     assert env["VLLM_CACHE_ROOT"].endswith(os.path.join("vllm", "harness-cpu-isa-avx2"))
     assert steering_env("avx2", env) == env  # idempotent: a child harness process applies it again
     assert steering_env("avx2", {"VLLM_CACHE_ROOT": "/c"})["VLLM_CACHE_ROOT"] == "/c/harness-cpu-isa-avx2"
+    # inductor's kernel cache too: kernels compiled for another ISA are never loaded
+    assert env["TORCHINDUCTOR_CACHE_DIR"].endswith("harness-cpu-isa-avx2")
+    assert steering_env("avx2", {"TORCHINDUCTOR_CACHE_DIR": "/i"})["TORCHINDUCTOR_CACHE_DIR"] == \
+        "/i/harness-cpu-isa-avx2"
     with pytest.raises(DeviceError, match="HARNESS_CPU_ISA='sse'.*avx2, avx512, avx512bf16"):
         steering_env("sse", {})
     with pytest.raises(DeviceError, match="ATEN_CPU_CAPABILITY=avx512 is already set"):

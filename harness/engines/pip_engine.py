@@ -33,9 +33,8 @@ from harness.engines.converted import Converted, ensure_converted, without_paths
 from harness.engines.pip_venvs import PipEngine, ensure_pip_venv, pip_venv_dir
 from harness.engines.procs import kill_group, parent_death_signal, track
 from harness.engines.venvs import STAMP, VenvError, VenvInfo
-from harness.engines.vllm import full_rows, output_from_fields
+from harness.engines.vllm import full_rows, output_from_fields, score_from_line
 from harness.models import ModelRef
-from harness.teacher import scored_output
 from harness.workspace import REPO_ROOT, Workspace
 
 WORKERS = Path(__file__).with_name("workers")
@@ -221,20 +220,7 @@ class PipEngineRunner(NoTensors):
             outs.append(o)
         self.k_asked = sampling.logprobs
         self.asked = [c.id for c in cases]
-        scores = []
-        for d in lines:
-            if d.get("kind") != "score":
-                continue
-            if d.get("error"):
-                why = f"{self.spec.title}: {d['error']}"
-                scores.append(Output(d["id"], tuple(d["token_ids"]), error=why))
-                continue
-            full, why = full_rows(d)
-            if why:
-                scores.append(Output(d["id"], tuple(d["token_ids"]), error=why))
-                continue
-            scores.append(scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"],
-                                        d["chosen_logprobs"], full))
+        scores = [score_from_line(d, f"{self.spec.title}: ") for d in lines if d.get("kind") == "score"]
         return outs, scores
 
     def _here(self, text: str) -> str:

@@ -262,16 +262,7 @@ class VLLMRunner:
                                tuple(float(t) for t in head["ttft_s"] if t is not None), "vllm-offline")
         got = {d["id"]: d for d in lines[1:] if d.get("kind", "case") == "case"}
         self.tensor_lines = {str(d.get("id", "")): d for d in lines[1:] if d.get("kind") == "tensors"}
-        scores = []
-        for d in lines[1:]:
-            if d.get("kind") != "score":
-                continue
-            full, why = full_rows(d)
-            if why:
-                scores.append(Output(d["id"], tuple(d["token_ids"]), error=why))
-                continue
-            scores.append(scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"],
-                                        d["chosen_logprobs"], full))
+        scores = [score_from_line(d) for d in lines[1:] if d.get("kind") == "score"]
         outs = []
         for c in cases:
             d = got.get(c.id)
@@ -299,6 +290,17 @@ class VLLMRunner:
 
     def close(self) -> None:
         """The child process has exited by the time ``run`` returns."""
+
+
+def score_from_line(d: Mapping[str, Any], error_prefix: str = "") -> Output:
+    """A worker's ``score`` line as the teacher-forced Output: its error (the worker's own, or its
+    whole-distribution rows that could not be read), else the scored continuation."""
+    if d.get("error"):
+        return Output(d["id"], tuple(d["token_ids"]), error=f"{error_prefix}{d['error']}")
+    full, why = full_rows(d)
+    if why:
+        return Output(d["id"], tuple(d["token_ids"]), error=why)
+    return scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"], d["chosen_logprobs"], full)
 
 
 def full_rows(line: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None]:

@@ -48,38 +48,25 @@ def _log_softmax_at(row, token: int) -> float:
     return float(x[token] - m - np.log(np.exp(x - m).sum()))
 
 
+def _sampler_kwargs(s: dict) -> dict:
+    """The request's sampling settings as llama-cpp-python's sampler arguments (the chain and
+    ``generate`` take the same ones); typical-p, tail-free and mirostat off."""
+    return {"top_k": int(s["top_k"]), "top_p": float(s["top_p"]), "min_p": float(s["min_p"]),
+            "typical_p": 1.0, "temp": float(s["temperature"]),
+            "repeat_penalty": float(s["repetition_penalty"]),
+            "frequency_penalty": float(s["frequency_penalty"]),
+            "presence_penalty": float(s["presence_penalty"]), "tfs_z": 1.0, "mirostat_mode": 0}
+
+
 def _chain(llm, s: dict, seed: int):
     llm.set_seed(seed)
-    return llm._init_sampler(
-        top_k=int(s["top_k"]),
-        top_p=float(s["top_p"]),
-        min_p=float(s["min_p"]),
-        typical_p=1.0,
-        temp=float(s["temperature"]),
-        repeat_penalty=float(s["repetition_penalty"]),
-        frequency_penalty=float(s["frequency_penalty"]),
-        presence_penalty=float(s["presence_penalty"]),
-        tfs_z=1.0,
-        mirostat_mode=0,
-    )
+    return llm._init_sampler(**_sampler_kwargs(s))
 
 
 def generate(llm, prompt: list[int], s: dict, seed: int, eos: int) -> tuple[list[int], list[float]]:
     llm.set_seed(seed)
     steps = int(s["max_tokens"])
-    gen = llm.generate(
-        prompt,
-        top_k=int(s["top_k"]),
-        top_p=float(s["top_p"]),
-        min_p=float(s["min_p"]),
-        typical_p=1.0,
-        temp=float(s["temperature"]),
-        repeat_penalty=float(s["repetition_penalty"]),
-        frequency_penalty=float(s["frequency_penalty"]),
-        presence_penalty=float(s["presence_penalty"]),
-        tfs_z=1.0,
-        mirostat_mode=0,
-    )
+    gen = llm.generate(prompt, **_sampler_kwargs(s))
     toks: list[int] = []
     lps: list[float] = []
     try:

@@ -150,3 +150,36 @@ def test_every_makefile_target_is_documented() -> None:
     assert {"gate", "test", "docs", "features", "bench"} <= set(targets)
     assert undocumented(targets, docs_texts()) == []
     assert undocumented([*targets, "frobnicate"], docs_texts()) == ["frobnicate"]
+
+
+def nav_pages(config: Path) -> list[str]:
+    """Every page the mkdocs nav lists, in order (sections flattened)."""
+    import yaml
+
+    def walk(entry: object) -> Iterable[str]:
+        if isinstance(entry, str):
+            yield entry
+        elif isinstance(entry, list):
+            for item in entry:
+                yield from walk(item)
+        elif isinstance(entry, dict):
+            for value in entry.values():
+                yield from walk(value)
+
+    return list(walk(yaml.safe_load(config.read_text())["nav"]))
+
+
+def unmapped(pages: Iterable[str], index: str) -> list[str]:
+    """The nav's pages that the map in docs/index.md does not link to (index.md itself aside)."""
+    mapped = {target.partition("#")[0] for target in LINK.findall(index)}
+    return [page for page in pages if page != "index.md" and page not in mapped]
+
+
+def test_every_page_in_the_nav_is_on_the_map_of_the_docs() -> None:
+    pages = nav_pages(REPO_ROOT / "mkdocs.yml")
+    assert {"parity.md", "chaos.md", "sampling.md", "localize.md"} <= set(pages)
+    index = (DOCS / "index.md").read_text()
+    assert unmapped(pages, index) == [], "docs/index.md's map lacks these pages of the nav"
+    # a page dropped from the map is caught, by name
+    planted = "\n".join(line for line in index.splitlines() if "(sampling.md)" not in line)
+    assert unmapped(pages, planted) == ["sampling.md"]

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from harness.api import EngineFailed, EngineRefused
 from harness.engines import worker_lines as wl
 from harness.engines.procs import Exited, run_engine
 from harness.engines.vllm import root_cause
+from harness.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 META = {"kind": "meta", "version": "1.0", "timings": {"engine_start_s": 1.0}}
@@ -205,3 +207,45 @@ def test_the_workers_carry_no_writer_of_their_own() -> None:
     for path in workers:
         text = path.read_text()
         assert "def write_line" not in text and '{"kind": "end"}' not in text.split('"""', 2)[-1], path
+
+
+HANG = """\
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_during_a_gate_is_one_line_naming_what_ran_and_exit_130(workspace: Workspace,
+                                                                       tmp_path: Path) -> None:
+    """A user's Ctrl-C used to print a traceback through harness/cli.py, after a ``failed:`` line
+    per running step. Now: one line, exit 130, no record, and the engine stopped."""
+    (tmp_path / "hang.py").write_text(HANG)
+    pidfile = tmp_path / "engine.pid"
+    env = {**os.environ, "HARNESS_ROOT": str(workspace.root), "PYTHONPATH": str(ROOT)}
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "gate", "--model", "tiny-llama", "--suite", "smoke",
+         "--candidate", f"cmd:{sys.executable} {tmp_path / 'hang.py'} {pidfile}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 240
+    while not pidfile.exists() and harness.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pidfile.exists(), harness.communicate(timeout=60)
+    time.sleep(0.5)
+    harness.send_signal(signal.SIGINT)
+    _, err = harness.communicate(timeout=60)
+    said = [line for line in err.splitlines() if line.strip()]
+    assert harness.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert said[-1].startswith("interrupted: ") and said[-1].endswith(", nothing written"), err
+    assert "tiny-llama/smoke" in said[-1], said[-1]
+    assert not [p for p in workspace.records.rglob("*.json")], "a record was written after Ctrl-C"
+    assert not Path(f"/proc/{pidfile.read_text()}").exists() or _zombie(int(pidfile.read_text()))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    except OSError:
+        return True

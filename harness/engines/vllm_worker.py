@@ -11,7 +11,8 @@ distributions), :mod:`harness.engines.vllm_facts` (kernels and memory of the eng
 REQUEST.json: {"model", "engine": {LLM kwargs}, "sampling": {...}, "cases": [{"id", "prompt_ids"}]}
 and optionally "concurrency": c, to replay the cases with at most c in flight (a closed loop, as c
 clients load a server) and report each one's time to first token in the meta line ("ttft_s").
-RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one line per case
+RESULT.jsonl (:mod:`harness.engines.worker_lines`, the one protocol of every worker): first line
+{"kind": "meta", "version", "timings", ...}, then one line per case
 {"kind": "case", "id", "token_ids", "text", "top_ids", "top_logprobs", "chosen_logprobs",
 "finish_reason"}. An optional "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
 "continuation_ids"}]} in the request adds one {"kind": "score", ...} line per sequence: the

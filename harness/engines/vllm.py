@@ -234,9 +234,11 @@ class VLLMRunner:
             exited = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path,
                                 START_TIMEOUT_S, env, label=f"{label}: start + run")
             start_facts = {"pooled": False, "reused": False}
+        doing = (f"running {len(cases)} cases of {self.model.name}" if cases or not tensors else
+                 f"tapping the layers of {self.model.name} on {len(tensors['sequences'])} sequences")
         try:
             done = check_result(res, f"engine {self.name}", exited, log=self._tail(200_000),
-                                diagnose=root_cause, doing=f"running {len(cases)} cases of {self.model.name}")
+                                diagnose=root_cause, doing=doing)
         except WorkerFailed as e:
             ledger.record("vllm", self.model.name, None, ok=False, python=self.python, **start_facts)
             raise e.engine_error(self._tail()) from None

@@ -25,6 +25,8 @@ from harness.records import RecordError
 from harness.registry import Registry, UnknownName
 from harness.repin.command import SUBCOMMANDS as REPIN_SUBCOMMANDS
 from harness.sampling.command import SUBCOMMANDS as SAMPLING_SUBCOMMANDS
+from harness.signals import Terminated
+from harness.steps import interrupted_steps
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -396,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     except BAD_INPUT as e:
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C: the engines are stopped on the way out (finally blocks)
+        if isinstance(e, Terminated):
+            raise
+        err.print(f"interrupted: {' › '.join(interrupted_steps()) or f'harness {a.cmd}'}, nothing written",
+                  highlight=False, markup=False)
+        return 130
 
 
 if __name__ == "__main__":

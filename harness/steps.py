@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.signals import Terminated
+
 # Engine modules import this one, and the vLLM child processes import the engine package under
 # other releases' interpreters: rich is imported when a step runs, never when this module loads.
 
@@ -57,7 +59,17 @@ class _Board:
 
 
 _lock = threading.Lock()
+_interrupted: list[str] = []
 _live: dict[int, tuple[Any, _Board]] = {}  # id(console) -> (its rich Live, what it shows) while a step runs
+
+
+def interrupted_steps() -> list[str]:
+    """The steps a Ctrl-C (KeyboardInterrupt) went through on its way out, outermost first: what
+    was running, for the one line the command prints instead of a ``failed:`` line per step. Read
+    once: it is forgotten here."""
+    got = list(_interrupted)
+    _interrupted.clear()
+    return got
 
 
 def _done_line(s: Step, error: BaseException | None) -> Any:
@@ -106,4 +118,7 @@ def step(label: str, console: Any = None) -> Iterator[Step]:
                 if not board.active:
                     lv.stop()
                     del _live[id(con)]
-        con.print(_done_line(s, error), highlight=False)
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Terminated):
+            _interrupted.insert(0, s.label)
+        else:
+            con.print(_done_line(s, error), highlight=False)

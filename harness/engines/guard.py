@@ -121,7 +121,10 @@ def main(argv: list[str]) -> int:
     stop_group(child)  # what the engine left behind
     rc = child.returncode
     if rc < 0:  # died of a signal: so does the guard, and its parent sees the same status
-        signal.signal(-rc, signal.SIG_DFL)
+        print(f"guard: the engine (pid {child.pid}) was killed by {signal.Signals(-rc).name}",
+              file=sys.stderr, flush=True)
+        if -rc != signal.SIGKILL:  # SIGKILL's action cannot be set (EINVAL), and is the default anyway
+            signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
     return rc
 

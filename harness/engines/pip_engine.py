@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,9 +30,10 @@ from harness.device import device_block
 from harness.engines.base import NoTensors
 from harness.engines.converted import Converted, ensure_converted, without_paths
 from harness.engines.pip_venvs import PipEngine, ensure_pip_venv, pip_venv_dir
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.procs import run_engine
 from harness.engines.venvs import STAMP, VenvError, VenvInfo
 from harness.engines.vllm import full_rows, output_from_fields, score_from_line
+from harness.engines.worker_lines import WorkerFailed, check_result
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -167,33 +167,22 @@ class PipEngineRunner(NoTensors):
         }))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.spec.env}
         cmd = [str(self.venv.python), str(WORKERS / self.spec.worker), "run", str(req), str(res)]
-        with self.log_path.open("w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True, preexec_fn=parent_death_signal())
-            track(proc)
-            try:
-                proc.wait(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                raise EngineFailed(f"{self.name} did not finish within {TIMEOUT_S:.0f} s",
-                                   self._tail()) from None
-            finally:
-                kill_group(proc)
-        lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
-        head = lines[0] if lines else {}
-        if head.get("kind") == "refused":
-            raise EngineRefused(f"{self.name}: {self._here(head['reason'])}")
-        if head.get("kind") != "meta" or lines[-1].get("kind") != "end":
-            reason = head.get("reason") or f"the {self.spec.title} worker exited with {proc.returncode}"
-            raise EngineFailed(f"{self.name}: {self._here(reason)}",
-                               self._here(head.get("traceback") or self._tail()))
-        self.meta = head
+        exited = run_engine(cmd, self.log_path, TIMEOUT_S, env,
+                            label=f"{self.spec.title} {self.name} ({self.model.name}, {len(cases)} cases)")
+        try:
+            done = check_result(res, f"the {self.spec.title} worker of {self.name}", exited,
+                                doing=f"running {len(cases)} cases of {self.model.name}")
+        except WorkerFailed as e:
+            e.reason, e.detail = self._here(e.reason), self._here(e.detail)
+            raise e.engine_error(self._here(self._tail()), prefix=f"{self.name}: ") from None
+        head = self.meta = done.meta
         took = {k: float(v) for k, v in head["timings"].items()}
         if cases:
             self.timings.update(took)
             self.timings["output_tokens"] = float(head["output_tokens"])
         else:  # a scoring-only pass after a generation: its start is not the engine's
             self.timings["score_s"] = took.get("score_s", 0.0)
-        outs, scores = self._outputs(cases, lines[1:-1], sampling)
+        outs, scores = self._outputs(cases, done.body, sampling)
         return outs, scores
 
     def _outputs(self, cases: Sequence[Case], lines: list[dict[str, Any]], sampling: Sampling

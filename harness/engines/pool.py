@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.procs import kill_group, spawn
+from harness.engines.worker_lines import read_lines
 
 SERVE = Path(__file__).with_name("vllm_serve.py")
 ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "HARNESS_CPU_ISA", "LD_PRELOAD", "CUDA_", "TORCH")
@@ -159,7 +160,7 @@ class EnginePool:
         note = (f"(engine pool: workload {eng.uses} of this engine; its start first)\n".encode()
                 if eng.uses > 1 else b"")
         log.write_bytes(note + head + data[before:])
-        first = _first_line(result)
+        first = next(iter(read_lines(result).lines), {})
         if started:
             meta = first.get("kind") == "meta"
             self.start_s[k] = (first.get("timings") or {}).get("engine_start_s") if meta else None
@@ -175,14 +176,6 @@ class EnginePool:
             _, eng = self.engines.popitem()
             eng.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _first_line(path: Path) -> dict[str, Any]:
-    try:
-        with path.open() as f:
-            return json.loads(f.readline() or "{}")
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 _ACTIVE: EnginePool | None = None

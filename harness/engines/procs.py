@@ -90,8 +90,12 @@ class Exited:
     """How an engine process run by :func:`run_engine` ended."""
 
     returncode: int
-    """Its exit code; -9 when it was stopped for running past the timeout."""
+    """Its exit code; -N when a signal N ended it (-9 when it was stopped for running past the
+    timeout)."""
     timed_out: bool
+    pid: int | None = None
+    """The engine's own process (the guard's child), when it was seen."""
+    timeout_s: float | None = None
 
 
 def run_engine(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[str, str] | None = None,
@@ -103,11 +107,24 @@ def run_engine(argv: Sequence[str], log: Path, timeout_s: float, env: Mapping[st
     with step(label), log.open("w") as fh:
         proc = spawn(argv, stdout=fh, env=env if env is not None else engine_env(), cwd=cwd)
         try:
-            return Exited(proc.wait(timeout=timeout_s), False)
+            pid = engine_pid(proc)
+            return Exited(proc.wait(timeout=timeout_s), False, pid, timeout_s)
         except subprocess.TimeoutExpired:
-            return Exited(-9, True)
+            return Exited(-9, True, pid, timeout_s)
         finally:
             kill_group(proc)
+
+
+def engine_pid(guard: subprocess.Popen[bytes], wait_s: float = 2.0) -> int | None:
+    """The pid of the engine a guard started (the other member of its new group), so that a report
+    can name the process a signal ended; None when it cannot be seen in ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while os.path.isdir("/proc/self") and guard.poll() is None and time.monotonic() < deadline:
+        others = [p for p in group_members(guard.pid) if p != guard.pid]
+        if others:
+            return min(others)
+        time.sleep(0.01)
+    return None
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

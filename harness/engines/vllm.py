@@ -35,8 +35,9 @@ from harness.engines import ledger
 from harness.engines import pool as engine_pool
 from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
 from harness.engines.layer_taps import family_at
-from harness.engines.procs import engine_env, run_engine
+from harness.engines.procs import Exited, engine_env, run_engine
 from harness.engines.weights import Weights, checkpoint_for
+from harness.engines.worker_lines import WorkerFailed, check_result
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.steps import step
@@ -227,29 +228,23 @@ class VLLMRunner:
             k = engine_pool.key(self.python, self.model.path, engine, env)
             with step(f"{label}: pooled engine"):
                 served = pool.run(k, self.python, env, req, res, self.log_path, START_TIMEOUT_S)
-            rc: int | None = 0 if served.completed else 1
+            exited = Exited(0 if served.completed else 1, False)
             start_facts = {"pooled": True, "reused": not served.started, "uses": served.uses, "key": k}
         else:
-            proc = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path, START_TIMEOUT_S,
-                              env, label=f"{label}: start + run")
-            if proc.timed_out:
-                raise EngineFailed(f"vLLM did not finish within {START_TIMEOUT_S:.0f} s", self._tail())
-            rc = proc.returncode
+            exited = run_engine([self.python, str(WORKER), str(req), str(res)], self.log_path,
+                                START_TIMEOUT_S, env, label=f"{label}: start + run")
             start_facts = {"pooled": False, "reused": False}
-        lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
-        head = lines[0] if lines else {}
-        start_s = (head.get("timings") or {}).get("engine_start_s") if head.get("kind") == "meta" else None
-        ledger.record("vllm", self.model.name, start_s, ok=head.get("kind") == "meta", python=self.python,
-                      **start_facts)
-        if head.get("kind") == "refused":
-            raise EngineRefused(head["reason"])
-        complete = bool(lines) and lines[-1].get("kind") == "end"
-        if head.get("kind") != "meta" or (rc != 0 and not complete):
-            reason = head.get("reason") or f"vLLM worker exited with {rc}"
-            cause = root_cause(self._tail(200_000))
-            if cause is not None and cause[0] == "refused":
-                raise EngineRefused(cause[1])
-            raise EngineFailed(cause[1] if cause else reason, self._tail())
+        doing = (f"running {len(cases)} cases of {self.model.name}" if cases or not tensors else
+                 f"tapping the layers of {self.model.name} on {len(tensors['sequences'])} sequences")
+        try:
+            done = check_result(res, f"engine {self.name}", exited, log=self._tail(200_000),
+                                diagnose=root_cause, doing=doing)
+        except WorkerFailed as e:
+            ledger.record("vllm", self.model.name, None, ok=False, python=self.python, **start_facts)
+            raise e.engine_error(self._tail()) from None
+        head = done.meta
+        ledger.record("vllm", self.model.name, (head.get("timings") or {}).get("engine_start_s"), ok=True,
+                      python=self.python, **start_facts)
         self.meta = head
         self.timings = {**head["timings"], "output_tokens": head["output_tokens"]}
         if start_facts["reused"]:  # a pooled engine started for an earlier workload served this one
@@ -260,9 +255,9 @@ class VLLMRunner:
             self.speed = Speed(int(head["concurrency"]), len(cases), int(head["output_tokens"]),
                                float(head["timings"]["generate_s"]),
                                tuple(float(t) for t in head["ttft_s"] if t is not None), "vllm-offline")
-        got = {d["id"]: d for d in lines[1:] if d.get("kind", "case") == "case"}
-        self.tensor_lines = {str(d.get("id", "")): d for d in lines[1:] if d.get("kind") == "tensors"}
-        scores = [score_from_line(d) for d in lines[1:] if d.get("kind") == "score"]
+        got = {d["id"]: d for d in done.of("case")}
+        self.tensor_lines = {str(d.get("id", "")): d for d in done.of("tensors")}
+        scores = [score_from_line(d) for d in done.of("score")]
         outs = []
         for c in cases:
             d = got.get(c.id)

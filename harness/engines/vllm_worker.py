@@ -11,7 +11,8 @@ distributions), :mod:`harness.engines.vllm_facts` (kernels and memory of the eng
 REQUEST.json: {"model", "engine": {LLM kwargs}, "sampling": {...}, "cases": [{"id", "prompt_ids"}]}
 and optionally "concurrency": c, to replay the cases with at most c in flight (a closed loop, as c
 clients load a server) and report each one's time to first token in the meta line ("ttft_s").
-RESULT.jsonl: first line {"kind": "meta", "version", "timings", ...}, then one line per case
+RESULT.jsonl (:mod:`harness.engines.worker_lines`, the one protocol of every worker): first line
+{"kind": "meta", "version", "timings", ...}, then one line per case
 {"kind": "case", "id", "token_ids", "text", "top_ids", "top_logprobs", "chosen_logprobs",
 "finish_reason"}. An optional "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
 "continuation_ids"}]} in the request adds one {"kind": "score", ...} line per sequence: the
@@ -47,12 +48,11 @@ import json
 import os
 import sys
 import time
-import traceback
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:  # imported by the harness (harness.engines.vllm_worker)
-    from harness.engines import layer_taps, vllm_facts, vllm_full
+    from harness.engines import layer_taps, vllm_facts, vllm_full, worker_lines
 else:
     # Run as a script by a vLLM release's python: this file's folder heads sys.path, and its sibling
     # vllm.py would shadow the real vLLM package. Put the folder last instead, so that only the
@@ -62,8 +62,11 @@ else:
     import layer_taps  # type: ignore[no-redef]
     import vllm_facts  # type: ignore[no-redef]
     import vllm_full  # type: ignore[no-redef]
+    import worker_lines  # type: ignore[no-redef]
 
 FullFiles = vllm_full.FullFiles
+write_line, write_result, NOT_STARTED = (worker_lines.write_line, worker_lines.write_result,
+                                          worker_lines.NOT_STARTED)
 kernel_facts, peak_rss_kib = vllm_facts.kernel_facts, vllm_facts.peak_rss_kib
 
 # Start-up failures whose message means "this configuration is not supported here", not a crash.
@@ -86,11 +89,6 @@ def _classify(exc: BaseException) -> str:
         m in text for m in REFUSAL_MARKERS) else "error"
 
 
-def write_line(fh: Any, obj: dict[str, Any]) -> None:
-    fh.write(json.dumps(obj, sort_keys=True) + "\n")
-    fh.flush()
-
-
 def _logprob_rows(step: dict, chosen: int, k: int) -> tuple[list[int], list[float], float]:
     """Top-k (ids, logprobs) of one position, best first, and the chosen token's logprob."""
     pairs = ((tid, lp.logprob) for tid, lp in step.items())
@@ -109,8 +107,7 @@ def start_llm(req: dict[str, Any], out: Any) -> Any:
 
         return LLM(model=req["model"], **req.get("engine", {}))
     except BaseException as e:  # noqa: BLE001 - any start failure becomes a verdict
-        write_line(out, {"kind": _classify(e), "reason": f"{type(e).__name__}: {e}",
-                         "traceback": traceback.format_exc()[-6000:]})
+        worker_lines.write_start_failure(out, _classify(e), f"{type(e).__name__}: {e}", e)
         return None
 
 
@@ -276,6 +273,44 @@ def _layer_tensors(llm: Any, sampling_params: Any, tensors: dict | None) -> tupl
     return lines, time.perf_counter() - t0
 
 
+def generate(llm: Any, prompts: list[dict[str, Any]], params: list[Any], alone: bool = False
+             ) -> tuple[list[Any], float]:
+    """Every request in one ``generate`` call (all together), or one call per request (one at a
+    time: the reference a batch is judged against); and the seconds it took."""
+    t0 = time.perf_counter()
+    if alone:
+        results = [llm.generate([q], [sp], use_tqdm=False)[0] for q, sp in zip(prompts, params, strict=True)]
+    else:
+        results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
+    return results, time.perf_counter() - t0
+
+
+def serve_passes(req: dict[str, Any], out: Any, run_pass: Any, engine: dict[str, Any] | None = None,
+                 meta: Any = None, release: bool = False) -> int:
+    """Start the request's engine (``engine``: its settings, else the request's) and run its
+    ``passes`` (:func:`worker_lines.run_passes`): ``run_pass(llm, SamplingParams, p)`` gives a
+    pass's lines and seconds, ``meta(llm)`` what the worker adds to the meta line. ``release``:
+    drop the engine (its connector shuts down) before the end line."""
+    t0 = time.perf_counter()
+    llm = start_llm({**req, "engine": req.get("engine", {}) if engine is None else engine}, out)
+    if llm is None:
+        return NOT_STARTED
+    import vllm
+    from vllm import SamplingParams
+
+    start_s = time.perf_counter() - t0
+    lines, timings = worker_lines.run_passes(req["passes"], lambda p: run_pass(llm, SamplingParams, p))
+    cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
+    write_result(out, {"version": vllm.__version__, "timings": {"engine_start_s": start_s, **timings},
+                       "block_size": getattr(cache, "block_size", None),
+                       "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
+                       **(meta(llm) if meta is not None else {})}, lines, end=not release)
+    if release:
+        del llm
+        write_line(out, worker_lines.END)
+    return 0
+
+
 def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
@@ -286,7 +321,7 @@ def main(request_path: str, result_path: str) -> int:
         t0 = time.perf_counter()
         llm = start_llm(req, out)
         if llm is None:
-            return 3
+            return NOT_STARTED
         run_workload(llm, req, out, time.perf_counter() - t0)
     return 0
 
@@ -339,8 +374,8 @@ def run_workload(llm: Any, req: dict[str, Any], out: Any, start_s: float,
                        "output_tokens": sum(len(r.outputs[0].token_ids) for r in res_c)})
     layers, t_layers = _layer_tensors(llm, SamplingParams, req.get("tensors"))
     cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
-    write_line(out, {
-        "kind": "meta", "version": vllm.__version__, "pid": os.getpid(),
+    meta = {
+        "version": vllm.__version__, "pid": os.getpid(),
         "timings": {"engine_start_s": start_s, "generate_s": t_gen,
                     **({"score_s": t_score} if scored else {}),
                     **({"full_hook_s": sink["seconds"]} if sink else {}),
@@ -357,7 +392,8 @@ def run_workload(llm: Any, req: dict[str, Any], out: Any, start_s: float,
            if files else {}),
         "peak_rss_kib": peak_rss_kib(),
         **({"engine": engine} if engine else {}),
-    })
+    }
+    body = []
     for case, r, tag in zip(req["cases"], results, gen_tags, strict=True):
         line = {"kind": "case", "id": case["id"], **output_fields(r, k)}
         if tag is not None and files is not None:
@@ -365,14 +401,12 @@ def run_workload(llm: Any, req: dict[str, Any], out: Any, start_s: float,
                 files.fill_from_dicts(tag, r.outputs[0].logprobs or [])
             line["full"] = {**files.line(tag, len(line["token_ids"])),
                             "written": written.get(tag["path"]) if files.hooked else None}
-        write_line(out, line)
+        body.append(line)
     for line in scored:
         if "full" in line and files is not None and files.hooked:
             line["full"]["written"] = written.get(line["full"]["path"])
-        write_line(out, line)
-    for line in layers:
-        write_line(out, line)
-    write_line(out, {"kind": "end"})  # every result is written: the exit code no longer matters
+        body.append(line)
+    write_result(out, meta, body + layers)
 
 
 if __name__ == "__main__":

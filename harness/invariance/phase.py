@@ -22,7 +22,8 @@ REQUEST.json::
 ``score_own`` rescores every generation of the pass by prefill (``prompt_logprobs``); ``score``
 scores given sequences. ``sampling`` overrides the greedy defaults of one request.
 
-RESULT.jsonl: ``{"kind": "meta", "version", "timings", "logprobs_mode", ...}``, then per pass one
+RESULT.jsonl (:mod:`harness.engines.worker_lines`): ``{"kind": "meta", "version", "timings",
+"logprobs_mode", ...}``, then per pass one
 ``{"kind": "case", "pass", "key", "token_ids", ..., "num_cached_tokens"}`` per request, one
 ``{"kind": "score", "pass", "key", ...}`` per scored sequence and one ``{"kind": "counters",
 "pass", ...}`` (the change of vLLM's counters over the pass), then ``{"kind": "end"}``. A start
@@ -33,11 +34,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from harness.engines.vllm_worker import _score, exit_without_teardown, output_fields, start_llm, write_line
+from harness.engines.vllm_worker import _score, exit_without_teardown, generate, output_fields, serve_passes
 
 COUNTERS = ("vllm:num_preemptions", "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
@@ -85,12 +85,7 @@ def run_pass(llm: Any, sampling_params: Any, base: dict[str, Any], p: dict[str, 
     before = read_counters(llm)
     prompts = [{"prompt_token_ids": list(r["prompt_ids"])} for r in reqs]
     params = [_params(sampling_params, base, r) for r in reqs]
-    t0 = time.perf_counter()
-    if p.get("mode", "together") == "alone":
-        results = [llm.generate([q], [sp], use_tqdm=False)[0] for q, sp in zip(prompts, params, strict=True)]
-    else:
-        results = llm.generate(prompts, params, use_tqdm=False) if prompts else []
-    wall = time.perf_counter() - t0
+    results, wall = generate(llm, prompts, params, alone=p.get("mode", "together") == "alone")
     after = read_counters(llm)
     lines = [{"kind": "case", "pass": p["name"], "key": r["key"], **output_fields(res, k)}
              for r, res in zip(reqs, results, strict=True)]
@@ -112,34 +107,17 @@ def run_pass(llm: Any, sampling_params: Any, base: dict[str, Any], p: dict[str, 
     return lines, wall
 
 
+def _logprobs_mode(llm: Any) -> dict[str, str]:
+    config = getattr(llm.llm_engine, "vllm_config", None)
+    return {"logprobs_mode": str(getattr(getattr(config, "model_config", None), "logprobs_mode", ""))}
+
+
 def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
     with open(result_path, "w") as out:
-        t0 = time.perf_counter()
-        llm = start_llm(req, out)
-        if llm is None:
-            return 3
-        import vllm
-        from vllm import SamplingParams
-
-        timings = {"engine_start_s": time.perf_counter() - t0}
-        lines: list[dict[str, Any]] = []
-        for p in req["passes"]:
-            got, wall = run_pass(llm, SamplingParams, req["sampling"], p)
-            lines += got
-            timings[f"pass_{p['name']}_s"] = wall
-        config = getattr(llm.llm_engine, "vllm_config", None)
-        cache = getattr(config, "cache_config", None)
-        write_line(out, {"kind": "meta", "version": vllm.__version__, "timings": timings,
-                         "block_size": getattr(cache, "block_size", None),
-                         "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None),
-                         "logprobs_mode": str(getattr(getattr(config, "model_config", None),
-                                                      "logprobs_mode", ""))})
-        for line in lines:
-            write_line(out, line)
-        write_line(out, {"kind": "end"})  # every result is written: the exit code no longer matters
-    return 0
+        return serve_passes(req, out, lambda llm, sp, p: run_pass(llm, sp, req["sampling"], p),
+                            meta=_logprobs_mode)
 
 
 if __name__ == "__main__":

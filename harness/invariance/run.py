@@ -22,7 +22,8 @@ import numpy as np
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, TensorSource
 from harness.engines import ledger
-from harness.engines.procs import engine_env, run_engine
+from harness.engines.procs import Exited, engine_env, run_engine
+from harness.engines.worker_lines import Lines, WorkerFailed, check_lines, read_lines
 from harness.invariance.plan import Group, Pass, Plan
 from harness.models import ModelRef
 from harness.teacher import scored_output
@@ -68,29 +69,22 @@ def output_from_line(d: Mapping[str, Any]) -> Output:
     return output_from_fields(str(d.get("key", d.get("id", ""))), d)
 
 
-def parse_result(key: str, settings: Mapping[str, Any], lines: Sequence[Mapping[str, Any]], rc: int,
-                 log: str, timed_out: str | None = None) -> GroupResult:
-    """A phase's RESULT.jsonl (+ exit code and log) as a :class:`GroupResult`."""
+def parse_result(key: str, settings: Mapping[str, Any], got: Lines, exited: Exited, log: str,
+                 doing: str = "it ran its passes") -> GroupResult:
+    """A phase's RESULT.jsonl (+ how its process ended, and its log) as a :class:`GroupResult`."""
     from harness.engines.vllm import root_cause
 
-    head = lines[0] if lines else {}
-    tail = log[-4000:]
-    if timed_out:
-        return GroupResult(key, settings, "error", timed_out, tail)
-    if head.get("kind") == "refused":
-        return GroupResult(key, settings, "refused", str(head.get("reason", "")), tail)
-    complete = bool(lines) and lines[-1].get("kind") == "end"
-    if head.get("kind") != "meta" or (rc != 0 and not complete):
-        cause = root_cause(log)
-        if cause is not None:
-            return GroupResult(key, settings, cause[0], cause[1], tail)  # type: ignore[arg-type]
-        return GroupResult(key, settings, "error",
-                           str(head.get("reason") or f"the {key} engine exited with {rc}"), tail)
+    try:
+        done = check_lines(got, f"the {key} engine", exited, doing=doing, log=log, diagnose=root_cause)
+    except WorkerFailed as e:
+        status: Status = "error" if e.status == "error" else "refused"
+        return GroupResult(key, settings, status, e.reason, log[-4000:])
     outputs: dict[str, dict[str, Output]] = {}
     cached: dict[str, dict[str, int | None]] = {}
     scores: dict[str, dict[str, Output]] = {}
     counters: dict[str, dict[str, Any]] = {}
-    for d in lines[1:]:
+    head = done.meta
+    for d in done.body:
         kind, p = d.get("kind"), str(d.get("pass", ""))
         if kind == "case":
             outputs.setdefault(p, {})[d["key"]] = output_from_line(d)
@@ -124,16 +118,14 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
                                "sampling": sampling.to_json(),
                                "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
     t0 = time.perf_counter()
-    done = run_engine([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)], log,
+    exited = run_engine([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)], log,
                       timeout_s, engine_env(repo_on_path=True), cwd=folder,
                       label=f"vLLM engine {g.key} ({model.name}): {', '.join(g.serves)}")
-    rc = done.returncode
-    timed_out = f"the {g.key} engine did not finish within {timeout_s:.0f} s" if done.timed_out else None
-    lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
-    head = lines[0] if lines else {}
-    ledger.record("invariance-group", model.name, (head.get("timings") or {}).get("engine_start_s"),
-                  ok=head.get("kind") == "meta", group=g.key, wall_s=time.perf_counter() - t0)
-    return parse_result(g.key, g.settings, lines, rc, log.read_text(errors="replace"), timed_out)
+    r = parse_result(g.key, g.settings, read_lines(res), exited, log.read_text(errors="replace"),
+                     f"running the passes {', '.join(p.name for p in g.passes)}")
+    ledger.record("invariance-group", model.name, r.timings.get("engine_start_s") if r.ok else None,
+                  ok=r.ok, group=g.key, wall_s=time.perf_counter() - t0)
+    return r
 
 
 def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling: Sampling,

@@ -17,6 +17,8 @@ from typing import Any
 from harness.api import Case, Sampling
 from harness.engines import ledger
 from harness.engines.procs import engine_env, run_engine
+from harness.engines.vllm import root_cause
+from harness.engines.worker_lines import WorkerFailed, check_result
 from harness.kv.capture import Capture, CaptureError, read_capture
 from harness.models import ModelRef
 
@@ -61,49 +63,29 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
                                "passes": list(passes), **({"observe": dict(observe)} if observe else {})},
                               indent=1))
     t0 = time.perf_counter()
-    done = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
-                      timeout_s, engine_env(repo_on_path=True), cwd=folder,
-                      label=f"KV {name} engine ({model.name})")
-    rc, timed_out = done.returncode, done.timed_out
-    lines = result_lines(res)
-    head = lines[0] if lines else {}
-    ledger.record("kv-phase", model.name, (head.get("timings") or {}).get("engine_start_s"),
-                  ok=head.get("kind") == "meta", phase=name, wall_s=time.perf_counter() - t0)
+    exited = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
+                        timeout_s, engine_env(repo_on_path=True), cwd=folder,
+                        label=f"KV {name} engine ({model.name})")
     capture = None
     if capture_dir.is_dir():
         try:
             capture = read_capture(capture_dir)
         except CaptureError:
             capture = None
-    if timed_out:
-        return Phase(name, False, f"the {name} engine did not finish within {timeout_s:.0f} s", "", {}, (),
-                     capture, log)
-    complete = bool(lines) and lines[-1].get("kind") == "end"
-    compat = dict(head.get("compat") or {})
-    if head.get("kind") != "meta" or (rc != 0 and not complete):
-        reason = head.get("reason") or f"the {name} engine exited with {rc}"
-        return Phase(name, False, reason, str(compat.get("vllm", "")), {}, (), capture, log, compat,
-                     skipped=head.get("kind") == "skip")
+    try:
+        done = check_result(res, f"the KV {name} engine", exited, log=log.read_text(errors="replace"),
+                            diagnose=root_cause, doing=f"running {len(passes)} passes")
+    except WorkerFailed as e:
+        ledger.record("kv-phase", model.name, None, ok=False, phase=name, wall_s=time.perf_counter() - t0)
+        compat = dict(e.head.get("compat") or {})
+        return Phase(name, False, e.reason, str(compat.get("vllm", "")), {}, (), capture, log, compat,
+                     skipped=e.status == "skip")
+    head = done.meta
+    ledger.record("kv-phase", model.name, (head.get("timings") or {}).get("engine_start_s"), ok=True,
+                  phase=name, wall_s=time.perf_counter() - t0)
     return Phase(name, True, "", str(head.get("version", "")), dict(head.get("timings", {})),
-                 tuple(x for x in lines[1:] if x.get("kind") == "case"), capture, log, compat,
+                 tuple(done.of("case")), capture, log, dict(head.get("compat") or {}),
                  observed=dict(head.get("observed") or {}))
-
-
-def result_lines(path: Path) -> list[dict[str, Any]]:
-    """The phase's result lines; a line cut short (an engine killed while writing it) ends them."""
-    out: list[dict[str, Any]] = []
-    if not path.exists():
-        return out
-    for text in path.read_text(errors="replace").splitlines():
-        if not text.strip():
-            continue
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError:
-            break
-        if isinstance(d, dict):
-            out.append(d)
-    return out
 
 
 def merge_compat(phases: Sequence[Phase]) -> dict[str, Any]:

@@ -16,24 +16,25 @@ A pass with ``"mode": "alone"`` sends its requests one at a time (the reference 
 judged against). With ``"observe": {"events": "ipc://..."}`` every pass is observed
 (:mod:`harness.kv.observe`: vLLM's counters, peak requests in flight, KV-cache events).
 
-RESULT.jsonl: ``{"kind": "meta", "version", "timings": {"engine_start_s", "pass_<name>_s", ...},
-"compat": {...}, "observed": {pass: {...}}}`` (``compat``: what :mod:`harness.kv.compat` adapted to
-the installed vLLM), then one ``{"kind": "case", "pass", "case", "lane", "token_ids", ...,
-"num_cached_tokens"}`` per request, then ``{"kind": "end"}``. A start failure writes
-``{"kind": "refused"|"error", "reason", "traceback"}`` and exits 3; a release that lacks a hook the
-gate needs writes ``{"kind": "skip", "reason", "compat"}`` (which hook, which release) and exits 3.
+RESULT.jsonl (:mod:`harness.engines.worker_lines`): ``{"kind": "meta", "version", "timings":
+{"engine_start_s", "pass_<name>_s", ...}, "compat": {...}, "observed": {pass: {...}}}``
+(``compat``: what :mod:`harness.kv.compat` adapted to the installed vLLM), then one
+``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per request,
+then ``{"kind": "end"}``. A start failure writes ``{"kind": "refused"|"error", "reason",
+"traceback"}`` and exits 3; a release that lacks a hook the gate needs writes ``{"kind": "skip",
+"reason", "compat"}`` (which hook, which release) and exits 3.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from harness.engines.vllm_worker import exit_without_teardown, output_fields, start_llm, write_line
+from harness.engines.vllm_worker import exit_without_teardown, generate, output_fields, serve_passes
+from harness.engines.worker_lines import write_start_failure
 
 
 @contextmanager
@@ -58,64 +59,40 @@ def main(request_path: str, result_path: str) -> int:
 
         engine, compat = adapt(req.get("engine", {}))
         if compat.missing:
-            write_line(out, {"kind": "skip", "compat": compat.to_json(),
-                             "reason": f"vLLM {compat.version} lacks {', '.join(compat.missing)}"})
-            return 3
+            lacks = f"vLLM {compat.version} lacks {', '.join(compat.missing)}"
+            return write_start_failure(out, "skip", lacks, compat=compat.to_json())
         events = None
         if (endpoint := (req.get("observe") or {}).get("events")) is not None:
             from harness.kv.observe import EventCounts
 
             events = EventCounts(endpoint)  # subscribed before the engine publishes its first event
         observed: dict[str, dict[str, object]] = {}
-        t0 = time.perf_counter()
-        llm = start_llm({**req, "engine": engine}, out)
-        if llm is None:
-            return 3
-        import vllm
-        from vllm import SamplingParams
         skip_option = "skip_reading_prefix_cache" in compat.sampling_kwargs
-        timings = {"engine_start_s": time.perf_counter() - t0}
         s = req["sampling"]
         k = int(s.get("logprobs", 5))
-        rows = []
-        for p in req["passes"]:
-            params, prompts = [], []
-            for r in p["requests"]:
-                if r.get("skip_reading") and not skip_option:
-                    continue  # see harness.kv.compat: the release cannot run a no-cache reference
-                tags = {"case": r["case"], "lane": r.get("lane", "clean"),
-                        "capture": bool(r.get("capture", True)), "passive": bool(r.get("passive", False))}
-                skip = {"skip_reading_prefix_cache": bool(r.get("skip_reading"))} if skip_option else {}
-                params.append(SamplingParams(
-                    temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k else None,
-                    seed=int(s.get("seed", 0)), extra_args={"harness_kv": tags}, **skip))
-                prompts.append({"prompt_token_ids": list(r["prompt_ids"])})
-            if not prompts:
-                continue
-            t1 = time.perf_counter()
-            with observing(llm, events, p["name"], observed):
-                if p.get("mode") == "alone":  # one request at a time: the reference for a load pass
-                    results = [llm.generate([q], [sp], use_tqdm=False)[0]
-                               for q, sp in zip(prompts, params, strict=True)]
-                else:
-                    results = llm.generate(prompts, params, use_tqdm=False)
-            timings[f"pass_{p['name']}_s"] = time.perf_counter() - t1
+
+        def run_pass(llm: Any, sampling_params: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+            # a release without skip_reading_prefix_cache cannot run a no-cache reference (harness.kv.compat)
             ran = [r for r in p["requests"] if skip_option or not r.get("skip_reading")]
-            for r, res in zip(ran, results, strict=True):
-                rows.append({"kind": "case", "pass": p["name"], "case": r["case"],
-                             "lane": r.get("lane", "clean"), **output_fields(res, k)})
-        cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
-        if events is not None:
-            events.close()
-        write_line(out, {"kind": "meta", "version": vllm.__version__, "timings": timings,
-                         "compat": compat.to_json(), **({"observed": observed} if observed else {}),
-                     "block_size": getattr(cache, "block_size", None),
-                     "num_gpu_blocks": getattr(cache, "num_gpu_blocks", None)})
-        for row in rows:
-            write_line(out, row)
-        del llm
-        write_line(out, {"kind": "end"})  # every result is written: the exit code no longer matters
-    return 0
+            params = [sampling_params(
+                temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k else None,
+                seed=int(s.get("seed", 0)), extra_args={"harness_kv": {
+                    "case": r["case"], "lane": r.get("lane", "clean"),
+                    "capture": bool(r.get("capture", True)), "passive": bool(r.get("passive", False))}},
+                **({"skip_reading_prefix_cache": bool(r.get("skip_reading"))} if skip_option else {}))
+                for r in ran]
+            with observing(llm, events, p["name"], observed):
+                results, seconds = generate(llm, [{"prompt_token_ids": list(r["prompt_ids"])} for r in ran],
+                                            params, alone=p.get("mode") == "alone")
+            return [{"kind": "case", "pass": p["name"], "case": r["case"], "lane": r.get("lane", "clean"),
+                     **output_fields(res, k)} for r, res in zip(ran, results, strict=True)], seconds
+
+        def meta(llm: Any) -> dict[str, Any]:
+            if events is not None:
+                events.close()
+            return {"compat": compat.to_json(), **({"observed": observed} if observed else {})}
+
+        return serve_passes(req, out, run_pass, engine=engine, meta=meta, release=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
 from harness.compare.rl_logprobs import RUN, RLLogprobs, rl_stats
 from harness.controls import run_controls
+from harness.engines.procs import Exited
+from harness.engines.worker_lines import Lines
 from harness.features.catalog import load_catalog
 from harness.features.cells import judge_record
 from harness.invariance.plan import (
@@ -393,16 +395,20 @@ def test_a_result_file_becomes_outputs_counters_or_the_engines_reason() -> None:
     lines = [{"kind": "meta", "version": "0.32.0", "timings": {"engine_start_s": 50.0}, "logprobs_mode": "raw_logprobs"},
              line("c01", [5, 6, 7], num_cached_tokens=32),
              {"kind": "counters", "pass": TOGETHER, "vllm:num_preemptions": 3.0}, {"kind": "end"}]
-    r = parse_result("preemption", {}, lines, 0, "")
+    r = parse_result("preemption", {}, Lines(lines), Exited(0, False), "")
     assert r.ok and r.output(TOGETHER, "c01").token_ids == (5, 6, 7) and r.cached[TOGETHER]["c01"] == 32
     assert r.counters[TOGETHER]["vllm:num_preemptions"] == 3.0
     assert r.output(TOGETHER, "c09").error is not None
-    refused = parse_result("spec_decode", {}, [{"kind": "refused", "reason": "ValueError: not supported"}], 3, "")
+    refused = parse_result("spec_decode", {}, Lines([{"kind": "refused", "reason": "ValueError: not supported"}]),
+                           Exited(3, False), "")
     assert refused.status == "refused" and "not supported" in refused.reason
     log = "(EngineCore) ERROR ...\nNotImplementedError: Speculative decoding does not support X on CPU\n"
-    crashed = parse_result("spec_decode", {}, [], 1, log)
+    crashed = parse_result("spec_decode", {}, Lines(), Exited(1, False), log)
     assert crashed.status == "refused" and crashed.reason.startswith("NotImplementedError: Speculative")
-    assert parse_result("x", {}, [], -9, "", "the x engine did not finish within 900 s").status == "error"
+    late = parse_result("x", {}, Lines(), Exited(-9, True, 42, 900.0), "")
+    assert late.status == "error" and late.reason == "the x engine did not finish within 900 s and was stopped"
+    killed = parse_result("x", {}, Lines(lines[:2], cut=True), Exited(-9, False, 42), log)
+    assert killed.status == "error" and killed.reason == "the x engine (pid 42) was killed by SIGKILL while it ran its passes"
     assert output_from_line(line("k", [1, 2])).chosen_logprobs is not None
 
 

@@ -13,7 +13,8 @@ REQUEST.json: {"model": converted folder, "source": the model's own folder, "opt
 into ``.npy`` files), "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
 "continuation_ids"}]} (optional: teacher forcing)}.
 
-RESULT.jsonl: a ``meta`` line ({"kind": "meta", "engine_version", "timings", "output_tokens",
+RESULT.jsonl (:mod:`harness.engines.worker_lines`, loaded by its path: the harness is not installed
+in an engine's venv): a ``meta`` line ({"kind": "meta", "engine_version", "timings", "output_tokens",
 "notes"}), one ``case`` line per case ({"id", "token_ids", "text", "top_ids", "top_logprobs",
 "chosen_logprobs", "finish_reason", "full"}), one ``score`` line per scored sequence, then
 {"kind": "end"}. A start failure is one {"kind": "refused"|"error", "reason", "traceback"} line and
@@ -24,6 +25,7 @@ exit code 3; a failure on one case is {"kind": "case", "id", "error"}.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -34,6 +36,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+_LINES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker_lines.py")
+_spec = importlib.util.spec_from_file_location("worker_lines", _LINES)
+assert _spec is not None and _spec.loader is not None
+worker_lines = importlib.util.module_from_spec(_spec)
+sys.modules["worker_lines"] = worker_lines  # dataclasses look their module up there
+_spec.loader.exec_module(worker_lines)
 
 
 class Refused(Exception):
@@ -129,11 +138,6 @@ class FullFiles:
                 "capture": "engine-logits"}
 
 
-def write_line(fh: Any, obj: dict[str, Any]) -> None:
-    fh.write(json.dumps(obj, sort_keys=True) + "\n")
-    fh.flush()
-
-
 def case_fields(g: Generated, k: int, full: FullFiles | None, name: str) -> dict[str, Any]:
     """A :class:`Generated` as the fields of a case line (top-k from the logits where given)."""
     out: dict[str, Any] = {"token_ids": [int(t) for t in g.token_ids], "text": g.text,
@@ -154,12 +158,6 @@ def case_fields(g: Generated, k: int, full: FullFiles | None, name: str) -> dict
     return out
 
 
-def _refusal(e: BaseException) -> dict[str, Any]:
-    kind = "refused" if isinstance(e, Refused) else "error"
-    return {"kind": kind, "reason": f"{type(e).__name__}: {e}" if kind == "error" else str(e),
-            "traceback": traceback.format_exc()[-6000:]}
-
-
 def run(engine_cls: type[Engine], request: str, result: str) -> int:
     with open(request) as fh:
         req = json.load(fh)
@@ -173,8 +171,9 @@ def run(engine_cls: type[Engine], request: str, result: str) -> int:
             engine = engine_cls(req)
             engine.start()
         except BaseException as e:  # noqa: BLE001 - a start failure becomes a verdict
-            write_line(out, _refusal(e))
-            return 3
+            if isinstance(e, Refused):
+                return worker_lines.write_start_failure(out, "refused", str(e), e)
+            return worker_lines.write_start_failure(out, "error", f"{type(e).__name__}: {e}", e)
         timings = {"engine_start_s": time.perf_counter() - t0}
         lines, n_tokens = [], 0
         t0 = time.perf_counter()
@@ -210,11 +209,8 @@ def run(engine_cls: type[Engine], request: str, result: str) -> int:
             lines.append(line)
         if score.get("sequences"):
             timings["score_s"] = time.perf_counter() - t0
-        write_line(out, {"kind": "meta", "engine_version": engine.version(), "timings": timings,
-                         "output_tokens": n_tokens, "notes": engine.notes})
-        for line in lines:
-            write_line(out, line)
-        write_line(out, {"kind": "end"})
+        worker_lines.write_result(out, {"engine_version": engine.version(), "timings": timings,
+                                        "output_tokens": n_tokens, "notes": engine.notes}, lines)
     return 0
 
 

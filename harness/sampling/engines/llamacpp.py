@@ -18,10 +18,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.api import EngineFailed, EngineInfo, RunFacts, SamplePass, SamplerTraits, Samples
+from harness.api import EngineInfo, RunFacts, SamplePass, SamplerTraits, Samples
 from harness.engines import RunnerContext, make_runner
 from harness.engines.llamacpp import LlamaCppRunner
 from harness.engines.procs import run_engine
+from harness.engines.worker_lines import WorkerFailed, check_result
 from harness.excerpt import tail
 from harness.models import ModelRef
 from harness.sampling.engines.base import SAMPLERS, params, samples
@@ -95,21 +96,18 @@ class LlamaCppSampler:
             )
         )
         t0 = time.perf_counter()
-        done = run_engine([str(venv.python), str(WORKER), str(req), str(res)], log, TIMEOUT_S,
-                          label="llama.cpp draws")
-        if done.timed_out:
-            raise EngineFailed(f"llama.cpp draws did not finish within {TIMEOUT_S:.0f} s",
-                               tail(log.read_text(errors="replace")))
-        rc = done.returncode
-        lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
-        if rc != 0 or not lines or lines[-1].get("kind") != "end":
-            raise EngineFailed(f"the llama.cpp worker exited with {rc}",
-                               tail(log.read_text(errors="replace")))
-        self.version = str(lines[0].get("version", ""))
-        self.timings.update({**lines[0].get("timings", {}), "sample_wall_s": time.perf_counter() - t0})
+        exited = run_engine([str(venv.python), str(WORKER), str(req), str(res)], log, TIMEOUT_S,
+                            label="llama.cpp draws")
+        try:
+            done = check_result(res, "the llama.cpp sampling worker", exited,
+                                doing=f"drawing samples for {sum(len(p.requests) for p in passes)} requests")
+        except WorkerFailed as e:
+            raise e.engine_error(tail(log.read_text(errors="replace"))) from None
+        self.version = str(done.meta.get("version", ""))
+        self.timings.update({**done.meta.get("timings", {}), "sample_wall_s": time.perf_counter() - t0})
         width = {(p.name, r.key): r.sampling.max_tokens for p in passes for r in p.requests}
         out: dict[str, dict[str, Samples]] = {p.name: {} for p in passes}
-        for d in lines[1:-1]:
+        for d in done.of("draws"):
             key = (d["pass"], d["key"])
             out[d["pass"]][d["key"]] = samples(d["key"], d["tokens"], d["logprobs"], width[key])
         return out

@@ -25,12 +25,14 @@ min_p 0.05, repeat_penalty 1.1, never apply). Two ways to run it:
   loop ``create_completion`` and the server run, with its prefix cache.
 
 Logprobs are ``log_softmax`` of the raw logits each token was drawn from, as create_completion
-reports them. RESULT.jsonl: {"kind": "meta", "version", "timings"}, one {"kind": "draws", "pass",
-"key", "tokens", "logprobs"} per request, then {"kind": "end"}.
+reports them. RESULT.jsonl (:mod:`harness.engines.worker_lines`, loaded by its path: the harness is
+not installed in the engine's venv): {"kind": "meta", "version", "timings"}, one {"kind": "draws",
+"pass", "key", "tokens", "logprobs"} per request, then {"kind": "end"}.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -38,6 +40,12 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+_spec = importlib.util.spec_from_file_location(
+    "worker_lines", os.path.join(os.path.dirname(os.path.dirname(_HERE)), "engines", "worker_lines.py"))
+assert _spec is not None and _spec.loader is not None
+worker_lines = importlib.util.module_from_spec(_spec)
+sys.modules["worker_lines"] = worker_lines  # dataclasses look their module up there
+_spec.loader.exec_module(worker_lines)
 
 
 def _log_softmax_at(row, token: int) -> float:
@@ -127,29 +135,27 @@ def main(request_path: str, result_path: str) -> int:
     )
     eos = int(llm.token_eos())
     start = time.perf_counter() - t0
-    lines, timings = [], {"engine_start_s": start}
-    for p in req["passes"]:
+
+    def draws(r: dict) -> tuple[list[list[int]], list[list[float]]]:
+        if r.get("via", "chain") == "chain":
+            return chain_draws(llm, r, eos)
+        got = [generate(llm, list(r["prompt_ids"]), r["sampling"], int(r["sampling"]["seed"]) + i, eos)
+               for i in range(int(r["n"]))]
+        return [t for t, _ in got], [lp for _, lp in got]
+
+    def run_pass(p: dict) -> tuple[list[dict], float]:
         t1 = time.perf_counter()
+        lines = []
         for r in p["requests"]:
-            if r.get("via", "chain") == "chain":
-                toks, lps = chain_draws(llm, r, eos)
-            else:
-                toks, lps = [], []
-                for i in range(int(r["n"])):
-                    a, b = generate(
-                        llm, list(r["prompt_ids"]), r["sampling"], int(r["sampling"]["seed"]) + i, eos
-                    )
-                    toks.append(a)
-                    lps.append(b)
-            lines.append(
-                {"kind": "draws", "pass": p["name"], "key": r["key"], "tokens": toks, "logprobs": lps}
-            )
-        timings[f"pass_{p['name']}_s"] = time.perf_counter() - t1
+            toks, lps = draws(r)
+            lines.append({"kind": "draws", "pass": p["name"], "key": r["key"], "tokens": toks,
+                          "logprobs": lps})
+        return lines, time.perf_counter() - t1
+
+    lines, timings = worker_lines.run_passes(req["passes"], run_pass)
     with open(result_path, "w") as out:
-        out.write(json.dumps({"kind": "meta", "version": llama_cpp.__version__, "timings": timings}) + "\n")
-        for line in lines:
-            out.write(json.dumps(line) + "\n")
-        out.write(json.dumps({"kind": "end"}) + "\n")
+        worker_lines.write_result(out, {"version": llama_cpp.__version__,
+                                        "timings": {"engine_start_s": start, **timings}}, lines)
     return 0
 
 

@@ -323,7 +323,7 @@ def test_parity_suites_stay_greedy_and_keep_their_sampling_form(tmp_path: Path) 
     assert Sampling(32, 5, 0.8, 1, top_p=0.9).to_json()["top_p"] == 0.9
     p = tmp_path / "smoke.toml"
     p.write_text((REPO_ROOT / "suites" / "smoke.toml").read_text().replace("logprobs = 5", "logprobs = 5\ntop_p = 0.9"))
-    with pytest.raises(SuiteError, match=r"\[sampling\]: field 'top_p' must be 1 \(parity gates are greedy"):
+    with pytest.raises(SuiteError, match=r"\[sampling\].top_p: must be 1 \(parity gates are greedy"):
         load_suite(p)
     for name in ("smoke", "kv_roundtrip", "ab_smoke"):  # committed goldens still read their manifests
         assert load_suite(REPO_ROOT / "suites" / f"{name}.toml").sampling.greedy

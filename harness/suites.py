@@ -211,7 +211,8 @@ def load_suite(path: Path) -> Suite:
         tags = need_list(c, "tags", cw, [], nonempty=False)
         cases.append(CaseSpec(cid, text, tuple(ids) if ids is not None else None, repeat, tuple(tags)))
     return Suite(
-        name=name, version=version, kind=kind, description=need_str(raw, "description", top, "", nonempty=False),
+        name=name, version=version, kind=kind,
+        description=need_str(raw, "description", top, "", nonempty=False),
         sampling=sampling, comparators=tuple(comps), cases=tuple(cases), path=path,
         digest=hashlib.sha256(raw_bytes).hexdigest(),
         extra={k: v for k, v in raw.items() if k not in TOP},

@@ -56,15 +56,16 @@ class Where:
         if not table:
             return f"{self.file}: {last}" if isinstance(last, str) else f"{self.file}: [{self.key}]"
         inner = Where(self.file, tuple(table)).key
-        return (f"{self.file}: [{inner}].{last}" if isinstance(last, str)
-                else f"{self.file}: [{self.key}]")
+        return f"{self.file}: [{inner}].{last}" if isinstance(last, str) else f"{self.file}: [{self.key}]"
 
     def fail(self, message: str) -> InvalidTOML:
         """The error to raise: ``<file>: <key>: <message>``."""
         return self.error(f"{self}: {message}")
 
 
-def load_toml(path: Path, error: type[InvalidTOML] = InvalidTOML, missing: str = "no such file") -> dict[str, Any]:
+def load_toml(
+    path: Path, error: type[InvalidTOML] = InvalidTOML, missing: str = "no such file"
+) -> dict[str, Any]:
     """The parsed file; a missing file or bad TOML is ``error`` naming the file."""
     try:
         return tomllib.loads(path.read_bytes().decode())
@@ -100,7 +101,7 @@ def _bounds(lo: float | None, hi: float | None, lo_open: bool = False) -> str:
 
 
 def _in(v: float, lo: float | None, hi: float | None, lo_open: bool = False) -> bool:
-    return ((lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or v <= hi))
+    return (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or v <= hi)
 
 
 def _get(d: Mapping[str, Any], key: str, where: Where, default: Any, want: str) -> Any:
@@ -123,8 +124,9 @@ def need_table(d: Mapping[str, Any], key: str, where: Where, default: Any = MISS
     return check_table(_get(d, key, where, default, "a table"), where / key)
 
 
-def need_tables(d: Mapping[str, Any], key: str, where: Where, *, nonempty: bool = True,
-                default: Any = MISSING) -> Iterator[tuple[Where, dict[str, Any]]]:
+def need_tables(
+    d: Mapping[str, Any], key: str, where: Where, *, nonempty: bool = True, default: Any = MISSING
+) -> Iterator[tuple[Where, dict[str, Any]]]:
     """An array of tables (``[[key]]``): each element with its own :class:`Where`."""
     want = f"an array of tables ([[{(where / key).key}]])"
     v = _get(d, key, where, default, want)
@@ -134,8 +136,9 @@ def need_tables(d: Mapping[str, Any], key: str, where: Where, *, nonempty: bool 
         yield where / key / i, check_table(t, where / key / i)
 
 
-def need_str(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING, *,
-             nonempty: bool = True) -> str:
+def need_str(
+    d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING, *, nonempty: bool = True
+) -> str:
     want = "a non-empty string" if nonempty else "a string"
     v = _get(d, key, where, default, want)
     if not isinstance(v, str) or (nonempty and not v.strip()):
@@ -150,8 +153,16 @@ def need_bool(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSI
     return v
 
 
-def need_int(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING, *,
-             lo: int | None = None, hi: int | None = None, hint: str = "") -> Any:
+def need_int(
+    d: Mapping[str, Any],
+    key: str,
+    where: Where,
+    default: Any = MISSING,
+    *,
+    lo: int | None = None,
+    hi: int | None = None,
+    hint: str = "",
+) -> Any:
     """An integer (not a bool) within ``[lo, hi]``; a ``None`` default stays ``None``."""
     want = "an integer" + _bounds(lo, hi) + hint
     v = _get(d, key, where, default, want)
@@ -162,9 +173,17 @@ def need_int(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSIN
     return v
 
 
-def need_number(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING, *,
-                lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-                hint: str = "") -> float:
+def need_number(
+    d: Mapping[str, Any],
+    key: str,
+    where: Where,
+    default: Any = MISSING,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    hint: str = "",
+) -> float:
     """A number (int or float, not a bool) within the bounds, as a float."""
     want = "a number" + _bounds(lo, hi, lo_open) + hint
     v = _get(d, key, where, default, want)
@@ -173,8 +192,14 @@ def need_number(d: Mapping[str, Any], key: str, where: Where, default: Any = MIS
     return float(v)
 
 
-def need_choice(d: Mapping[str, Any], key: str, where: Where, choices: Sequence[str],
-                default: Any = MISSING, hint: str = "") -> str:
+def need_choice(
+    d: Mapping[str, Any],
+    key: str,
+    where: Where,
+    choices: Sequence[str],
+    default: Any = MISSING,
+    hint: str = "",
+) -> str:
     want = "one of " + ", ".join(choices) + hint
     v = _get(d, key, where, default, want)
     if v not in choices:
@@ -182,15 +207,27 @@ def need_choice(d: Mapping[str, Any], key: str, where: Where, choices: Sequence[
     return str(v)
 
 
-def need_list(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING, *,
-              of: type = str, nonempty: bool = True, unique: bool = False, lo: int | None = None,
-              what: str = "") -> list[Any]:
+def need_list(
+    d: Mapping[str, Any],
+    key: str,
+    where: Where,
+    default: Any = MISSING,
+    *,
+    of: type = str,
+    nonempty: bool = True,
+    unique: bool = False,
+    lo: int | None = None,
+    what: str = "",
+) -> list[Any]:
     """A list of strings (non-empty ones) or of integers (``of=int``, each >= ``lo``)."""
     item = ("strings" if of is str else "integers" + _bounds(lo, None)) if not what else what
     want = f"a {'non-empty ' if nonempty else ''}list of {item}"
     v = _get(d, key, where, default, want)
-    ok_item = ((lambda x: isinstance(x, str) and bool(x.strip())) if of is str
-               else (lambda x: _is_int(x) and _in(x, lo, None)))
+    ok_item = (
+        (lambda x: isinstance(x, str) and bool(x.strip()))
+        if of is str
+        else (lambda x: _is_int(x) and _in(x, lo, None))
+    )
     if not isinstance(v, list) or (nonempty and not v) or not all(ok_item(x) for x in v):
         raise (where / key).fail(f"expected {want}, got {v!r}")
     if unique and len(set(v)) != len(v):

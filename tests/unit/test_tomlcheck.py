@@ -29,8 +29,10 @@ def test_where_names_the_file_the_table_and_the_key() -> None:
     assert str(w / "kv" / "block_size") == "suites/smoke.toml: [kv].block_size"
     assert str(w / "kv" / "load" / "requests") == "suites/smoke.toml: [kv.load].requests"
     assert str(w / "cases" / 2) == "suites/smoke.toml: [cases[2]]"
-    assert str(w / "sampling_gate" / "settings" / 0 / "top_k") == \
-        "suites/smoke.toml: [sampling_gate.settings[0]].top_k"
+    assert (
+        str(w / "sampling_gate" / "settings" / 0 / "top_k")
+        == "suites/smoke.toml: [sampling_gate.settings[0]].top_k"
+    )
 
 
 def test_a_wrong_type_names_file_key_and_value() -> None:
@@ -51,7 +53,9 @@ def test_a_missing_key_says_what_it_expected() -> None:
     with pytest.raises(SuiteError) as e:
         need_str({}, "name", w)
     assert str(e.value) == "suites/s.toml: name: missing (expected a non-empty string)"
-    with pytest.raises(SuiteError, match=r"s.toml: \[sampling\].max_tokens: missing \(expected an integer >= 1\)"):
+    with pytest.raises(
+        SuiteError, match=r"s.toml: \[sampling\].max_tokens: missing \(expected an integer >= 1\)"
+    ):
         need_int(need_table({"sampling": {}}, "sampling", w), "max_tokens", w / "sampling", lo=1)
     assert need_int({}, "seed", w, 7) == 7 and need_int({}, "refuse", w, None) is None
 
@@ -72,10 +76,14 @@ def test_a_nested_table_and_an_array_of_tables_name_their_place() -> None:
     with pytest.raises(SuiteError) as e:
         for sw, s in need_tables(gate, "settings", w / "sampling_gate"):
             need_int(s, "top_k", sw, lo=0)
-    assert str(e.value) == ("suites/sampling.toml: [sampling_gate.settings[1]].top_k: expected an integer "
-                            ">= 0, got -1")
-    with pytest.raises(SuiteError, match=r"sampling.toml: \[sampling_gate\].settings: expected an array of "
-                                         r"tables \(\[\[sampling_gate.settings\]\]\) with at least one, got \[\]"):
+    assert str(e.value) == (
+        "suites/sampling.toml: [sampling_gate.settings[1]].top_k: expected an integer >= 0, got -1"
+    )
+    with pytest.raises(
+        SuiteError,
+        match=r"sampling.toml: \[sampling_gate\].settings: expected an array of "
+        r"tables \(\[\[sampling_gate.settings\]\]\) with at least one, got \[\]",
+    ):
         list(need_tables({"settings": []}, "settings", w / "sampling_gate"))
     with pytest.raises(SuiteError, match=r"sampling.toml: sampling_gate: expected a table, got 3"):
         need_table({"sampling_gate": 3}, "sampling_gate", w)
@@ -86,7 +94,9 @@ def test_lists_and_files(tmp_path: Path) -> None:
     assert need_list({"m": ["a", "b"]}, "m", w, unique=True) == ["a", "b"]
     with pytest.raises(InvalidTOML, match=r"fleet.toml: \[group\[0\]\].m: lists 'a' twice"):
         need_list({"m": ["a", "a"]}, "m", w, unique=True)
-    with pytest.raises(InvalidTOML, match=r"\[group\[0\]\].m: expected a non-empty list of strings, got \[\]"):
+    with pytest.raises(
+        InvalidTOML, match=r"\[group\[0\]\].m: expected a non-empty list of strings, got \[\]"
+    ):
         need_list({"m": []}, "m", w)
     bad = tmp_path / "bad.toml"
     bad.write_text("[[[")

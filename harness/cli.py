@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.api import EngineRefused
 from harness.bisect.command import SUBCOMMANDS as BISECT_SUBCOMMANDS
+from harness.console import error, note, warning
 from harness.console import stderr as err
 from harness.console import stdout as console
 from harness.engines.venvs import VenvError
@@ -115,7 +116,7 @@ def cmd_invariance(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.pipeline import run_gate
     from harness.report import print_record
 
-    opts: dict = {"progress": lambda s: console.print(f"[dim]{s}[/dim]")}
+    opts: dict = {"progress": note}
     if a.variants:
         opts["variants"] = [v.strip() for v in a.variants.split(",") if v.strip()]
     res = run_gate(ws, a.model, a.suite, a.engine, options=opts)
@@ -153,7 +154,7 @@ def cmd_matrix(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.matrix import print_matrix, run_matrix
 
     rows = run_matrix(ws, a.model, a.suite, a.vllm.split(), concurrency=a.concurrency,
-                      connector=a.connector, progress=lambda s: console.print(f"[dim]{s}[/dim]"))
+                      connector=a.connector, progress=note)
     print_matrix(rows, ws.root, console)
     return 0 if all(r.outcome == "pass" for r in rows) else 1
 
@@ -237,10 +238,10 @@ def cmd_features(a: argparse.Namespace, ws: Workspace) -> int:
     try:
         g = generate(ws, paths=tracked_records(ws) if a.tracked else None)
     except (CatalogError, CitationError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     for b in g.table.broken:
-        err.print(f"[yellow]warning:[/yellow] unreadable record {b.path}: {b.error}", highlight=False)
+        warning(f"unreadable record {b.path}: {b.error}")
     f = g.figures()
     tally = ", ".join(f"{k} {v}" for k, v in f.items() if v and k not in ("records", "cells"))
     if a.check:
@@ -267,7 +268,7 @@ def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
     try:
         cat = load_catalog(ws.root / CATALOG, ws)
     except CatalogError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     entries = history(ws, cat, a.feature, a.column)
     console.print(history_table(cat.row(a.feature), entries))
@@ -292,10 +293,10 @@ def cmd_speed(a: argparse.Namespace, ws: Workspace) -> int:
     try:
         levels = [int(x) for x in a.levels.replace(" ", "").split(",") if x]
     except ValueError:
-        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies like 1,4,8")
+        error(f"--levels {a.levels!r}: give concurrencies like 1,4,8")
         return 2
     if not levels or min(levels) < 1:
-        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies >= 1")
+        error(f"--levels {a.levels!r}: give concurrencies >= 1")
         return 2
     run = run_speed(ws, a.model, a.suite, a.candidate, levels)
     t = Table(title=f"{a.model} / {a.suite}: {a.candidate} beside the oracle ({run.data['oracle']['pin']})")
@@ -358,7 +359,7 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
         t = (trend_bench(ws, a.feature[len(BENCH):], a.metric, a.out) if a.feature.startswith(BENCH)
              else trend(ws, a.feature, a.metric, a.column, a.out))
     except CatalogError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     table = Table(title=f"{t.feature}: {t.metric} across commits (oldest first)")
     for col in ("commit", "sha", "series", t.metric, "record"):
@@ -367,7 +368,7 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
         table.add_row(str(p.commit_order), p.sha[:10], p.series, f"{p.value:.6g}", p.record)
     console.print(table)
     for p, why in t.outside:
-        console.print(f"[dim]not plotted: {p.record} ({p.sha[:10]}): {why}[/dim]")
+        note(f"not plotted: {p.record} ({p.sha[:10]}): {why}")
     console.print(f"PNG: {t.png}" if t.png else "no record of this row is in HEAD's history: nothing plotted")
     return 0
 
@@ -394,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return fn(a, Workspace.default())
     except BAD_INPUT as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
 
 

@@ -50,12 +50,12 @@ def bisect_args(p: argparse.ArgumentParser) -> None:
 def cmd_bisect(a: argparse.Namespace, ws: Any) -> int:
     from harness.bisect import BisectError
     from harness.bisect.run import bisect_history, bisect_releases
-    from harness.console import stderr as err
+    from harness.console import error, note
     from harness.console import stdout as console
 
 
     def progress(s: str) -> None:
-        console.print(f"[dim]{s}[/dim]", highlight=False)
+        note(s)
 
     try:
         if a.repo is not None:
@@ -72,7 +72,7 @@ def cmd_bisect(a: argparse.Namespace, ws: Any) -> int:
                                    refresh_index=a.refresh_index, remove_venvs=a.remove_venvs,
                                    reuse=a.reuse_records, installed_only=a.installed_only, progress=progress)
     except BisectError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     print_bisect(done.record, done.path, ws.root, console)
     return 0 if done.record.outcome == "pass" else 1

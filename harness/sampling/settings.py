@@ -232,7 +232,8 @@ def gate_settings(suite: Suite) -> GateSettings:
     where = f"{suite.path} [{TABLE}]"
     raw = suite.extra.get(TABLE)
     if not isinstance(raw, dict):
-        raise SuiteError(f"{suite.path}: a sampling suite needs a [{TABLE}] table with its settings")
+        other = f" (suite {suite.name!r} is of kind {suite.kind!r})" if suite.kind != "sampling" else ""
+        raise SuiteError(f"{suite.path}: a sampling suite needs a [{TABLE}] table with its settings{other}")
     stray = sorted(set(raw) - set(_GATE_KEYS) - set(_BARS))
     if stray:
         from harness.registry import unknown

@@ -198,3 +198,25 @@ def test_processes_that_run_under_other_vllm_releases_do_not_import_rich() -> No
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# markup off: the user's text goes out as written
+
+
+def test_errors_warnings_notes_and_plain_prints_keep_bracketed_names() -> None:
+    from harness.console import error, note, warning
+
+    con = make_console(file=io.StringIO(), environ={})
+    error("suites/smoke.toml: a sampling suite needs a [sampling_gate] table", con)
+    warning("unreadable record [bold]x.json[/bold]", con)
+    note("not plotted: [kv.load] [/dim]", con)
+    con.print("[red]as written[/red]")
+    assert rendered(con).splitlines() == [
+        "error: suites/smoke.toml: a sampling suite needs a [sampling_gate] table",
+        "warning: unreadable record [bold]x.json[/bold]",
+        "not plotted: [kv.load] [/dim]",
+        "[red]as written[/red]"]
+    styled = make_console(file=io.StringIO(), environ={}, force_terminal=True)
+    error("x [y]", styled)
+    assert "\x1b[1;31merror:\x1b[0m x [y]" in styled.file.getvalue()  # type: ignore[attr-defined]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.api import EngineRefused
 from harness.bisect.command import SUBCOMMANDS as BISECT_SUBCOMMANDS
-from harness.console import error, note, warning
+from harness.console import error, note, print_table, warning
 from harness.console import stderr as err
 from harness.console import stdout as console
 from harness.engines.venvs import VenvError
@@ -271,7 +271,7 @@ def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
         error(e)
         return 2
     entries = history(ws, cat, a.feature, a.column)
-    console.print(history_table(cat.row(a.feature), entries))
+    print_table(history_table(cat.row(a.feature), entries), console)
     if not entries:
         console.print("no records yet for this row")
     return 0
@@ -307,7 +307,7 @@ def cmd_speed(a: argparse.Namespace, ws: Workspace) -> int:
         ttft = f"{(cand.get('ttft_ms') or {}).get('p50', '—')} / {(orc.get('ttft_ms') or {}).get('p50', '—')}"
         t.add_row(str(r["concurrency"]), str(cand.get("output_tok_s", "—")),
                   str(orc.get("output_tok_s", "—")), ttft, r["statement"])
-    console.print(t)
+    print_table(t, console)
     console.print(f"candidate: {run.data['how']['candidate']}; oracle: {run.data['how']['oracle']}")
     shown = run.path.relative_to(ws.root) if run.path.is_relative_to(ws.root) else run.path
     console.print(f"written: {shown}")
@@ -366,7 +366,7 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
         table.add_column(col)
     for p in t.points:
         table.add_row(str(p.commit_order), p.sha[:10], p.series, f"{p.value:.6g}", p.record)
-    console.print(table)
+    print_table(table, console)
     for p, why in t.outside:
         note(f"not plotted: {p.record} ({p.sha[:10]}): {why}")
     console.print(f"PNG: {t.png}" if t.png else "no record of this row is in HEAD's history: nothing plotted")

@@ -104,12 +104,15 @@ def _in(v: float, lo: float | None, hi: float | None, lo_open: bool = False) -> 
     return (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or v <= hi)
 
 
-def _get(d: Mapping[str, Any], key: str, where: Where, default: Any, want: str) -> Any:
-    if key in d:
-        return d[key]
-    if default is MISSING:
+def _get(d: Mapping[str, Any], key: str, where: Where, want: str) -> Any:
+    if key not in d:
         raise (where / key).fail(f"missing (expected {want})")
-    return default
+    return d[key]
+
+
+def _absent(d: Mapping[str, Any], key: str, default: Any) -> bool:
+    """Whether ``key`` is absent and has a default (the code's own, returned as it is)."""
+    return key not in d and default is not MISSING
 
 
 def check_table(v: Any, where: Where) -> dict[str, Any]:
@@ -121,15 +124,20 @@ def check_table(v: Any, where: Where) -> dict[str, Any]:
 
 def need_table(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING) -> dict[str, Any]:
     """``d[key]`` as a table (``default`` when absent; required without one)."""
-    return check_table(_get(d, key, where, default, "a table"), where / key)
+    if _absent(d, key, default):
+        return default  # type: ignore[no-any-return]
+    return check_table(_get(d, key, where, "a table"), where / key)
 
 
 def need_tables(
     d: Mapping[str, Any], key: str, where: Where, *, nonempty: bool = True, default: Any = MISSING
 ) -> Iterator[tuple[Where, dict[str, Any]]]:
-    """An array of tables (``[[key]]``): each element with its own :class:`Where`."""
+    """An array of tables (``[[key]]``): each element with its own :class:`Where` (none when the
+    key is absent and ``default`` is given)."""
     want = f"an array of tables ([[{(where / key).key}]])"
-    v = _get(d, key, where, default, want)
+    if _absent(d, key, default):
+        return
+    v = _get(d, key, where, want)
     if not isinstance(v, list) or (nonempty and not v):
         raise (where / key).fail(f"expected {want}{' with at least one' if nonempty else ''}, got {v!r}")
     for i, t in enumerate(v):
@@ -140,14 +148,18 @@ def need_str(
     d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING, *, nonempty: bool = True
 ) -> str:
     want = "a non-empty string" if nonempty else "a string"
-    v = _get(d, key, where, default, want)
+    if _absent(d, key, default):
+        return default
+    v = _get(d, key, where, want)
     if not isinstance(v, str) or (nonempty and not v.strip()):
         raise (where / key).fail(f"expected {want}, got {v!r}")
     return v
 
 
 def need_bool(d: Mapping[str, Any], key: str, where: Where, default: Any = MISSING) -> bool:
-    v = _get(d, key, where, default, "true or false")
+    if _absent(d, key, default):
+        return default
+    v = _get(d, key, where, "true or false")
     if not isinstance(v, bool):
         raise (where / key).fail(f"expected true or false, got {v!r}")
     return v
@@ -163,11 +175,12 @@ def need_int(
     hi: int | None = None,
     hint: str = "",
 ) -> Any:
-    """An integer (not a bool) within ``[lo, hi]``; a ``None`` default stays ``None``."""
+    """An integer (not a bool) within ``[lo, hi]``. A default (``None`` too) is returned as it is
+    when the key is absent, in every ``need_*``: defaults are the code's own."""
     want = "an integer" + _bounds(lo, hi) + hint
-    v = _get(d, key, where, default, want)
-    if v is None and default is None and key not in d:
-        return None
+    if _absent(d, key, default):
+        return default
+    v = _get(d, key, where, want)
     if not _is_int(v) or not _in(v, lo, hi):
         raise (where / key).fail(f"expected {want}, got {v!r}")
     return v
@@ -186,7 +199,9 @@ def need_number(
 ) -> float:
     """A number (int or float, not a bool) within the bounds, as a float."""
     want = "a number" + _bounds(lo, hi, lo_open) + hint
-    v = _get(d, key, where, default, want)
+    if _absent(d, key, default):
+        return float(default)
+    v = _get(d, key, where, want)
     if not _is_number(v) or not _in(v, lo, hi, lo_open):
         raise (where / key).fail(f"expected {want}, got {v!r}")
     return float(v)
@@ -201,7 +216,9 @@ def need_choice(
     hint: str = "",
 ) -> str:
     want = "one of " + ", ".join(choices) + hint
-    v = _get(d, key, where, default, want)
+    if _absent(d, key, default):
+        return default
+    v = _get(d, key, where, want)
     if v not in choices:
         raise (where / key).fail(f"expected {want}, got {v!r}")
     return str(v)
@@ -222,7 +239,9 @@ def need_list(
     """A list of strings (non-empty ones) or of integers (``of=int``, each >= ``lo``)."""
     item = ("strings" if of is str else "integers" + _bounds(lo, None)) if not what else what
     want = f"a {'non-empty ' if nonempty else ''}list of {item}"
-    v = _get(d, key, where, default, want)
+    if _absent(d, key, default):
+        return default
+    v = _get(d, key, where, want)
     ok_item = (
         (lambda x: isinstance(x, str) and bool(x.strip()))
         if of is str

@@ -178,7 +178,7 @@ def load_suite(path: Path) -> Suite:
         if getattr(sampling, key) != greedy:
             raise (sw / key).fail(f"must be {greedy:g} ({GREEDY})")
 
-    from harness.compare import COMPARATORS, ParamError, check_params
+    from harness.compare import COMPARATORS, check_params
 
     comps = []
     table = need_table(raw, "compare", top, {} if kind in JUDGED_BY_KIND else MISSING)
@@ -188,10 +188,7 @@ def load_suite(path: Path) -> Suite:
             raise cw.fail(str(unknown("comparator", cname, COMPARATORS)))
         params = check_table(params, cw)
         gate = need_bool(params, "gate", cw, True)
-        try:
-            check_params(cname, params, str(path))
-        except ParamError as e:
-            raise SuiteError(str(e)) from None
+        check_params(cname, params, cw)
         comps.append(ComparatorSpec(cname, gate, {k: v for k, v in params.items() if k != "gate"}))
     if not comps and kind not in JUDGED_BY_KIND:
         raise (top / "compare").fail("names no comparator")

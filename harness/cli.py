@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.api import EngineRefused
 from harness.bisect.command import SUBCOMMANDS as BISECT_SUBCOMMANDS
+from harness.console import error, note, print_table, warning
 from harness.console import stderr as err
 from harness.console import stdout as console
 from harness.engines.venvs import VenvError
@@ -117,7 +118,7 @@ def cmd_invariance(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.pipeline import run_gate
     from harness.report import print_record
 
-    opts: dict = {"progress": lambda s: console.print(f"[dim]{s}[/dim]")}
+    opts: dict = {"progress": note}
     if a.variants:
         opts["variants"] = [v.strip() for v in a.variants.split(",") if v.strip()]
     res = run_gate(ws, a.model, a.suite, a.engine, options=opts)
@@ -155,7 +156,7 @@ def cmd_matrix(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.matrix import print_matrix, run_matrix
 
     rows = run_matrix(ws, a.model, a.suite, a.vllm.split(), concurrency=a.concurrency,
-                      connector=a.connector, progress=lambda s: console.print(f"[dim]{s}[/dim]"))
+                      connector=a.connector, progress=note)
     print_matrix(rows, ws.root, console)
     return 0 if all(r.outcome == "pass" for r in rows) else 1
 
@@ -239,10 +240,10 @@ def cmd_features(a: argparse.Namespace, ws: Workspace) -> int:
     try:
         g = generate(ws, paths=tracked_records(ws) if a.tracked else None)
     except (CatalogError, CitationError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     for b in g.table.broken:
-        err.print(f"[yellow]warning:[/yellow] unreadable record {b.path}: {b.error}", highlight=False)
+        warning(f"unreadable record {b.path}: {b.error}")
     f = g.figures()
     tally = ", ".join(f"{k} {v}" for k, v in f.items() if v and k not in ("records", "cells"))
     if a.check:
@@ -269,10 +270,10 @@ def cmd_history(a: argparse.Namespace, ws: Workspace) -> int:
     try:
         cat = load_catalog(ws.root / CATALOG, ws)
     except CatalogError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     entries = history(ws, cat, a.feature, a.column)
-    console.print(history_table(cat.row(a.feature), entries))
+    print_table(history_table(cat.row(a.feature), entries), console)
     if not entries:
         console.print("no records yet for this row")
     return 0
@@ -294,10 +295,10 @@ def cmd_speed(a: argparse.Namespace, ws: Workspace) -> int:
     try:
         levels = [int(x) for x in a.levels.replace(" ", "").split(",") if x]
     except ValueError:
-        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies like 1,4,8")
+        error(f"--levels {a.levels!r}: give concurrencies like 1,4,8")
         return 2
     if not levels or min(levels) < 1:
-        err.print(f"[bold red]error:[/bold red] --levels {a.levels!r}: give concurrencies >= 1")
+        error(f"--levels {a.levels!r}: give concurrencies >= 1")
         return 2
     run = run_speed(ws, a.model, a.suite, a.candidate, levels)
     t = Table(title=f"{a.model} / {a.suite}: {a.candidate} beside the oracle ({run.data['oracle']['pin']})")
@@ -308,7 +309,7 @@ def cmd_speed(a: argparse.Namespace, ws: Workspace) -> int:
         ttft = f"{(cand.get('ttft_ms') or {}).get('p50', '—')} / {(orc.get('ttft_ms') or {}).get('p50', '—')}"
         t.add_row(str(r["concurrency"]), str(cand.get("output_tok_s", "—")),
                   str(orc.get("output_tok_s", "—")), ttft, r["statement"])
-    console.print(t)
+    print_table(t, console)
     console.print(f"candidate: {run.data['how']['candidate']}; oracle: {run.data['how']['oracle']}")
     shown = run.path.relative_to(ws.root) if run.path.is_relative_to(ws.root) else run.path
     console.print(f"written: {shown}")
@@ -360,16 +361,16 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
         t = (trend_bench(ws, a.feature[len(BENCH):], a.metric, a.out) if a.feature.startswith(BENCH)
              else trend(ws, a.feature, a.metric, a.column, a.out))
     except CatalogError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     table = Table(title=f"{t.feature}: {t.metric} across commits (oldest first)")
     for col in ("commit", "sha", "series", t.metric, "record"):
         table.add_column(col)
     for p in t.points:
         table.add_row(str(p.commit_order), p.sha[:10], p.series, f"{p.value:.6g}", p.record)
-    console.print(table)
+    print_table(table, console)
     for p, why in t.outside:
-        console.print(f"[dim]not plotted: {p.record} ({p.sha[:10]}): {why}[/dim]")
+        note(f"not plotted: {p.record} ({p.sha[:10]}): {why}")
     console.print(f"PNG: {t.png}" if t.png else "no record of this row is in HEAD's history: nothing plotted")
     return 0
 
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return fn(a, Workspace.default())
     except BAD_INPUT as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C: the engines are stopped on the way out (finally blocks)
         if isinstance(e, Terminated):

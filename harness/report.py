@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from harness.console import stdout
+from harness.console import stdout, whole
 from harness.excerpt import INLINE, first_line
 from harness.provenance import tree_label
 from harness.records import RECORDED_ORACLE, Record
@@ -213,4 +213,4 @@ def print_record(rec: Record, path: str = "", console: Console | None = None,
                  details: bool = True) -> None:
     con = console or stdout
     for s in sections(rec, path, details):
-        con.print(s.body, highlight=False)
+        con.print(whole(s.body, con) if isinstance(s.body, Table) else s.body, highlight=False)

@@ -16,7 +16,7 @@ A tiny random model cannot do tasks, so the tests exercise this on synthetic sco
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -77,18 +77,6 @@ class AccuracyTest:
     def to_json(self) -> dict[str, Any]:
         return {"sigma": self.sigma, "n": self.n, "alpha": self.alpha, "beta": self.beta,
                 "threshold": self.threshold, "mde": self.mde}
-
-    @classmethod
-    def from_suite(cls, table: Mapping[str, Any], where: str) -> AccuracyTest:
-        """From a suite's ``[accuracy]`` table (sigma, n, alpha, beta); errors name the field."""
-        for key in ("sigma", "n"):
-            if key not in table:
-                raise StatsError(f"{where} [accuracy]: missing field {key!r}")
-        try:
-            return cls(float(table["sigma"]), int(table["n"]), float(table.get("alpha", 0.05)),
-                       float(table.get("beta", 0.2)))
-        except StatsError as e:
-            raise StatsError(f"{where} [accuracy]: {e}") from None
 
 
 def required_n(sigma: float, mde: float, alpha: float = 0.05, beta: float = 0.2) -> int:

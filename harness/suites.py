@@ -8,7 +8,6 @@ under an older version stale: the gate refuses them and says which command re-re
 from __future__ import annotations
 
 import hashlib
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +15,27 @@ from typing import TYPE_CHECKING, Any
 
 from harness.api import Case, Sampling
 from harness.registry import unknown
+from harness.tomlcheck import (
+    MISSING,
+    InvalidTOML,
+    Where,
+    check_keys,
+    check_table,
+    load_toml,
+    need_bool,
+    need_int,
+    need_list,
+    need_number,
+    need_str,
+    need_table,
+    need_tables,
+)
 
 if TYPE_CHECKING:
     from harness.models.arch import ModelLimits
 
 
-class SuiteError(ValueError):
+class SuiteError(InvalidTOML):
     """A malformed suite file; the message names the file and the field."""
 
 
@@ -99,7 +113,7 @@ class Suite:
         """Raise :class:`SuiteMismatch` naming the first field the model cannot honour."""
         vocab, k = limits.vocab_size, self.sampling.logprobs
         if vocab is not None and k > vocab:
-            raise SuiteMismatch(f"{self.path} [sampling]: field 'logprobs' asks for {k} per position, "
+            raise SuiteMismatch(f"{Where(self.path, ('sampling', 'logprobs'))}: asks for {k} per position, "
                                 f"but the model's vocabulary has {vocab} tokens")
         for case, spec in zip(cases, self.cases, strict=True):
             if vocab is not None and (bad := [t for t in case.prompt_ids if not 0 <= t < vocab]):
@@ -122,116 +136,83 @@ and settings are its ``[sampling_gate]`` table, its controls planted samplers (a
 is optional there)."""
 
 
-def _need(d: Mapping[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
-    if key not in d:
-        raise SuiteError(f"{where}: missing field {key!r}")
-    v = d[key]
-    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-        names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
-        raise SuiteError(f"{where}: field {key!r} must be {names}, got {v!r}")
-    return v
-
-
 FULL_TOP_K = 20
 """With ``logprobs = "full"``, the top-k rows kept beside the full distributions (strict, near-tie,
 the goldens, and what a failure prints): vLLM's and most servers' default cap."""
 
 
-def _logprobs(v: Any, where: str) -> tuple[int, bool]:
+def _logprobs(d: Mapping[str, Any], where: Where) -> tuple[int, bool]:
     """``logprobs = k`` (an int >= 0) or ``"full"`` -> (top-k, full vocabulary)."""
-    if v == "full":
+    if d.get("logprobs") == "full":
         return FULL_TOP_K, True
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise SuiteError(f"{where}: field 'logprobs' must be an int >= 0 or \"full\" (the whole "
-                         f"vocabulary, whatever the model), got {v!r}")
-    return v, False
+    return need_int(d, "logprobs", where, 5, lo=0,
+                    hint=' or "full" (the whole vocabulary, whatever the model)'), False
+
+
+GREEDY = "parity gates are greedy; seeded rollouts are an invariance suite's [rl] table"
+TOP = ("name", "version", "kind", "description", "sampling", "compare", "cases")
+CASE_KEYS = ("id", "text", "ids", "repeat", "tags")
 
 
 def load_suite(path: Path) -> Suite:
     """Parse and validate one suite file."""
     raw_bytes = path.read_bytes()
-    try:
-        raw = tomllib.loads(raw_bytes.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise SuiteError(f"{path}: not valid TOML: {e}") from None
-    where = str(path)
-    name = _need(raw, "name", str, where)
+    raw = load_toml(path, SuiteError)
+    top = Where(path, error=SuiteError)
+    name = need_str(raw, "name", top)
     if name != path.stem:
-        raise SuiteError(f"{where}: field 'name' is {name!r} but the file is {path.name}")
-    version = _need(raw, "version", int, where)
-    s = _need(raw, "sampling", dict, where)
-    k, full = _logprobs(s.get("logprobs", 5), f"{where} [sampling]")
+        raise (top / "name").fail(f"is {name!r} but the file is {path.name}")
+    version = need_int(raw, "version", top, lo=0)
+    kind = need_str(raw, "kind", top, "parity")
+    s = need_table(raw, "sampling", top)
+    sw = top / "sampling"
+    check_keys(s, sw, ("max_tokens", "logprobs", "temperature", "seed", "top_p"))
+    k, full = _logprobs(s, sw)
     sampling = Sampling(
-        max_tokens=_need(s, "max_tokens", int, f"{where} [sampling]"),
-        logprobs=k,
-        temperature=float(s.get("temperature", 0.0)),
-        seed=int(s.get("seed", 0)),
-        full_vocab=full,
-        top_p=float(s.get("top_p", 1.0)),
+        max_tokens=need_int(s, "max_tokens", sw, lo=1), logprobs=k,
+        temperature=need_number(s, "temperature", sw, 0.0),
+        seed=need_int(s, "seed", sw, 0), full_vocab=full,
+        top_p=need_number(s, "top_p", sw, 1.0),
     )
-    if sampling.temperature != 0.0:
-        raise SuiteError(f"{where} [sampling]: field 'temperature' must be 0 (parity gates are greedy; "
-                         f"seeded rollouts are an invariance suite's [rl] table)")
-    if sampling.top_p != 1.0:
-        raise SuiteError(f"{where} [sampling]: field 'top_p' must be 1 (parity gates are greedy; "
-                         f"seeded rollouts are an invariance suite's [rl] table)")
-    if sampling.max_tokens < 1 or sampling.logprobs < 0:
-        raise SuiteError(f"{where} [sampling]: max_tokens must be >= 1 and logprobs >= 0")
+    for key, greedy in (("temperature", 0.0), ("top_p", 1.0)):
+        if getattr(sampling, key) != greedy:
+            raise (sw / key).fail(f"must be {greedy:g} ({GREEDY})")
 
-    from harness.compare import COMPARATORS, ParamError, check_params
+    from harness.compare import COMPARATORS, check_params
 
-    kind = raw.get("kind", "parity")
     comps = []
-    table = raw.get("compare", {}) if kind in JUDGED_BY_KIND else _need(raw, "compare", dict, where)
-    if not isinstance(table, dict):
-        raise SuiteError(f"{where}: field 'compare' must be a table")
+    table = need_table(raw, "compare", top, {} if kind in JUDGED_BY_KIND else MISSING)
     for cname, params in table.items():
+        cw = top / "compare" / cname
         if cname not in COMPARATORS:
-            raise SuiteError(f"{where} [compare.{cname}]: {unknown('comparator', cname, COMPARATORS)}")
-        if not isinstance(params, dict):
-            raise SuiteError(f"{where} [compare.{cname}]: must be a table")
-        gate = params.get("gate", True)
-        if not isinstance(gate, bool):
-            raise SuiteError(f"{where} [compare.{cname}]: field 'gate' must be true or false")
-        try:
-            check_params(cname, params, where)
-        except ParamError as e:
-            raise SuiteError(str(e)) from None
+            raise cw.fail(str(unknown("comparator", cname, COMPARATORS)))
+        params = check_table(params, cw)
+        gate = need_bool(params, "gate", cw, True)
+        check_params(cname, params, cw)
         comps.append(ComparatorSpec(cname, gate, {k: v for k, v in params.items() if k != "gate"}))
     if not comps and kind not in JUDGED_BY_KIND:
-        raise SuiteError(f"{where}: [compare] names no comparator")
+        raise (top / "compare").fail("names no comparator")
 
     cases, seen = [], set()
-    for i, c in enumerate(_need(raw, "cases", list, where)):
-        cw = f"{where} cases[{i}]"
-        if not isinstance(c, dict):
-            raise SuiteError(f"{cw}: must be a table")
-        cid = _need(c, "id", str, cw)
+    for cw, c in need_tables(raw, "cases", top):
+        check_keys(c, cw, CASE_KEYS)
+        cid = need_str(c, "id", cw)
         if cid in seen:
-            raise SuiteError(f"{cw}: duplicate id {cid!r}")
+            raise (cw / "id").fail(f"duplicate id {cid!r}")
         seen.add(cid)
-        text, ids = c.get("text"), c.get("ids")
+        text = need_str(c, "text", cw, None, nonempty=False) if "text" in c else None
+        ids = need_list(c, "ids", cw, of=int, nonempty=False) if "ids" in c else None
         if text is None and ids is None:
-            raise SuiteError(f"{cw} ({cid}): give 'text' or 'ids'")
-        if text is not None and not isinstance(text, str):
-            raise SuiteError(f"{cw} ({cid}): field 'text' must be str")
-        if ids is not None and not (isinstance(ids, list) and all(isinstance(t, int) for t in ids)):
-            raise SuiteError(f"{cw} ({cid}): field 'ids' must be a list of ints")
-        repeat = c.get("repeat", 1)
-        if not isinstance(repeat, int) or repeat < 1:
-            raise SuiteError(f"{cw} ({cid}): field 'repeat' must be an int >= 1")
-        cases.append(CaseSpec(cid, text, tuple(ids) if ids is not None else None, repeat,
-                              tuple(c.get("tags", ()))))
-    if not cases:
-        raise SuiteError(f"{where}: no cases")
-    if not isinstance(kind, str) or not kind:
-        raise SuiteError(f"{where}: field 'kind' must be a gate kind name, got {kind!r}")
-    known = {"name", "version", "kind", "description", "sampling", "compare", "cases"}
+            raise cw.fail(f"case {cid!r}: give 'text' or 'ids'")
+        repeat = need_int(c, "repeat", cw, 1, lo=1)
+        tags = need_list(c, "tags", cw, [], nonempty=False)
+        cases.append(CaseSpec(cid, text, tuple(ids) if ids is not None else None, repeat, tuple(tags)))
     return Suite(
-        name=name, version=version, kind=kind, description=str(raw.get("description", "")),
+        name=name, version=version, kind=kind,
+        description=need_str(raw, "description", top, "", nonempty=False),
         sampling=sampling, comparators=tuple(comps), cases=tuple(cases), path=path,
         digest=hashlib.sha256(raw_bytes).hexdigest(),
-        extra={k: v for k, v in raw.items() if k not in known},
+        extra={k: v for k, v in raw.items() if k not in TOP},
     )
 
 

@@ -50,12 +50,12 @@ def bisect_args(p: argparse.ArgumentParser) -> None:
 def cmd_bisect(a: argparse.Namespace, ws: Any) -> int:
     from harness.bisect import BisectError
     from harness.bisect.run import bisect_history, bisect_releases
-    from harness.console import stderr as err
+    from harness.console import error, note
     from harness.console import stdout as console
 
 
     def progress(s: str) -> None:
-        console.print(f"[dim]{s}[/dim]", highlight=False)
+        note(s)
 
     try:
         if a.repo is not None:
@@ -72,7 +72,7 @@ def cmd_bisect(a: argparse.Namespace, ws: Any) -> int:
                                    refresh_index=a.refresh_index, remove_venvs=a.remove_venvs,
                                    reuse=a.reuse_records, installed_only=a.installed_only, progress=progress)
     except BisectError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     print_bisect(done.record, done.path, ws.root, console)
     return 0 if done.record.outcome == "pass" else 1
@@ -82,6 +82,8 @@ def print_bisect(rec: Any, path: Path, root: Path, console: Any) -> None:
     """The steps, the finding, the diff of the first differing pair, the cost."""
     from rich.table import Table
 
+    from harness.console import print_table
+
     b = rec.extra["bisect"]
     t = Table(title=f"bisect {rec.candidate.name}: {rec.model['name']} / {rec.suite['name']}")
     for col in ("step", "point", "state", "outcome", "record / reason", "s"):
@@ -90,14 +92,14 @@ def print_bisect(rec: Any, path: Path, root: Path, console: Any) -> None:
         point = s["point"][:10] if len(s["point"]) == 40 else s["point"]
         t.add_row(str(s["n"]), point, s["state"], s["outcome"] or "—",
                   s["record"] if s["runnable"] else clip(s["reason"], LINE), f"{s['wall_s']:.0f}")
-    console.print(t)
+    print_table(t, console)
     if b["diff"]:
         d = Table(title=f"verdicts that differ: {b['result']['last_old']} -> {b['result']['first_new']}")
         for col in ("case", "comparator", "before", "after", "after, in words"):
             d.add_column(col)
         for x in b["diff"]:
             d.add_row(x["case"], x["comparator"], x["before"], x["after"], clip(x["after_summary"], INLINE))
-        console.print(d)
+        print_table(d, console)
     c = b["cost"]
     console.print(f"{rec.summary}", highlight=False)
     builds = f"; builds {c['build_s']:.0f} s" if c.get("build_s") else ""

@@ -17,6 +17,7 @@ from harness.api import Comparator
 from harness.compare import bit_exact, byte_equal, drift, kl, kv_hits, near_tie, nmse, rl_logprobs, strict
 from harness.compare.unit import Decode, Param, ParamError, Unit
 from harness.registry import Registry
+from harness.tomlcheck import Where
 
 __all__ = ["COMPARATORS", "Param", "ParamError", "Unit", "add", "build", "check_params", "unit"]
 
@@ -38,9 +39,9 @@ def unit(name: str) -> Unit:
     return COMPARATORS.get(name)
 
 
-def check_params(name: str, params: Mapping[str, Any], where: str) -> None:
-    """Raise :class:`ParamError` (naming ``where``, the table and the key) for an unknown key or a
-    value of the wrong type. ``gate`` is the pipeline's, not the comparator's."""
+def check_params(name: str, params: Mapping[str, Any], where: Where) -> None:
+    """Raise ``where``'s error (``where``: the suite's ``[compare.<name>]`` table, naming the file)
+    for an unknown key or a value of the wrong type. ``gate`` is the pipeline's, not the comparator's."""
     unit(name).check_params(params, where)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from harness.api import Comparator, Output
+from harness.tomlcheck import InvalidTOML, Where, check_keys
 
 Decode = Callable[[Sequence[int]], str]
 Need = Literal["token_ids", "top_logprobs"]
@@ -51,7 +52,7 @@ judges no numerics of the model (pages written and restored by one engine, hit c
 POLICIES: tuple[Policy, ...] = ("bits", "bar", "any")
 
 
-class ParamError(ValueError):
+class ParamError(InvalidTOML):
     """A comparator parameter is unknown or has the wrong type; the message names the key."""
 
 
@@ -69,7 +70,8 @@ class Param:
     help: str
     choices: tuple[str, ...] = ()
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
+        """Raise ``where``'s error (the key's place in the suite) for a value of the wrong type."""
         ok = {
             "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
             "int": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
@@ -80,7 +82,7 @@ class Param:
         if not ok:
             want = {"number": "a number", "int": "an int >= 0", "edges": "a list of ints >= 0",
                     "choice": "one of " + ", ".join(repr(c) for c in self.choices)}[self.kind]
-            raise ParamError(f"{where}: must be {want}, got {value!r}")
+            raise where.fail(f"expected {want}, got {value!r}")
 
     def convert(self, value: Any) -> Any:
         """The suite's TOML value as the comparator's field holds it."""
@@ -193,24 +195,19 @@ class Unit:
         """``{key: Param}``: the keys its suite table may hold."""
         return {f.name: f.metadata[PARAM] for f in dataclasses.fields(self.cls) if PARAM in f.metadata}
 
-    def check_params(self, params: Mapping[str, Any], where: str) -> None:
-        """Raise :class:`ParamError` (naming ``where``, the table and the key) for an unknown key or
-        a value of the wrong type. ``gate`` is the pipeline's key, not the comparator's."""
-        from harness.registry import unknown
-
+    def check_params(self, params: Mapping[str, Any], where: Where) -> None:
+        """Raise ``where``'s error (``where``: the suite's ``[compare.<name>]`` table) for an unknown
+        key or a value of the wrong type. ``gate`` is the pipeline's key, not the comparator's."""
         schema = self.params()
+        check_keys(params, where, [*schema, "gate"])
         for key, value in params.items():
-            if key == "gate":
-                continue
-            if key not in schema:
-                raise ParamError(f"{where} [compare.{self.name}]: "
-                                 + str(unknown("key", key, schema or ["(no parameters)"])))
-            schema[key].check(value, f"{where} [compare.{self.name}] {key}")
+            if key != "gate":
+                schema[key].check(value, where / key)
 
     def build(self, params: Mapping[str, Any] | None = None, decode: Decode | None = None) -> Comparator:
         """The comparator configured from its (checked) suite table; defaults are the fields' own."""
         params = dict(params or {})
-        self.check_params(params, f"[compare.{self.name}]")
+        self.check_params(params, Where("parameters", ("compare", self.name), ParamError))
         schema = self.params()
         kw = {k: schema[k].convert(v) for k, v in params.items() if k in schema}
         if "decode" in {f.name for f in dataclasses.fields(self.cls)}:
@@ -240,5 +237,5 @@ class Unit:
             raise UnitError(f"{who}: it judges scores (needs_scores) but has no compare_run")
         for name, p in self.params().items():
             if p.default is not None:
-                p.check(p.default, f"{who}: default of {name!r}")
+                p.check(p.default, Where(f"{who}: default of {name!r}", error=ParamError))
         return self

@@ -3,7 +3,7 @@
 A row names the suite and the comparators that prove it, and the models it is shown for side by
 side; a column names a candidate spec (a glob such as ``vllm@*`` matches every release). A row may
 give a column another spec (a configuration of that engine) or say why the column does not apply.
-Every error names the file and the field.
+Every error names the file and the key (:mod:`harness.tomlcheck`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.registry import unknown
+from harness.tomlcheck import (
+    InvalidTOML,
+    Where,
+    check_keys,
+    load_toml,
+    need_list,
+    need_str,
+    need_table,
+    need_tables,
+)
 from harness.workspace import Workspace
 
 CATALOG = "features.toml"
@@ -22,7 +32,7 @@ ORACLE_KEY = "oracle"
 """``na = { oracle = "why" }``: the oracle column does not apply to a row (a kind without goldens)."""
 
 
-class CatalogError(ValueError):
+class CatalogError(InvalidTOML):
     """A malformed features.toml; the message names the file and the field."""
 
 
@@ -79,27 +89,14 @@ class Catalog:
         return list(dict.fromkeys(r.section for r in self.rows))
 
 
-def _str(d: Mapping[str, Any], key: str, where: str, default: str | None = None) -> str:
-    if key not in d:
-        if default is not None:
-            return default
-        raise CatalogError(f"{where}: missing field {key!r}")
-    v = d[key]
-    if not isinstance(v, str) or not v.strip():
-        raise CatalogError(f"{where}: field {key!r} must be a non-empty string, got {v!r}")
-    return v
-
-
-def _table(d: Mapping[str, Any], key: str, where: str, columns: Iterable[str]) -> dict[str, str]:
-    v = d.get(key, {})
-    if not isinstance(v, dict):
-        raise CatalogError(f"{where}: field {key!r} must be a table of column = string")
+def _columns_table(d: Mapping[str, Any], key: str, where: Where, columns: Iterable[str]) -> dict[str, str]:
+    """A row's ``na``/``candidates``: column key = string."""
+    v = need_table(d, key, where, {})
     cols = list(columns)
-    for k, x in v.items():
+    for k in v:
         if k not in cols:
-            raise CatalogError(f"{where}.{key}: {unknown('column', k, cols)}")
-        if not isinstance(x, str):
-            raise CatalogError(f"{where}.{key}.{k}: must be a string, got {x!r}")
+            raise (where / key / k).fail(str(unknown("column", k, cols)))
+        need_str(v, k, where / key)
     return dict(v)
 
 
@@ -126,91 +123,65 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
     return list(comp) if isinstance(comp, dict) else []
 
 
+TOP_KEYS = ("title", "intro", "models", "columns", "sections")
+COLUMN_KEYS = ("key", "title", "candidate", "repo")
+SECTION_KEYS = ("title", "rows", "note")
+ROW_KEYS = ("id", "title", "suite", "prove", "na", "candidates", "note", "model", "models")
+
+
 def load_catalog(path: Path, ws: Workspace | None = None) -> Catalog:
-    """Parse and validate features.toml. Every error names the file and the field."""
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise CatalogError(f"{path}: no feature catalog (write one, see docs/records.md)") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise CatalogError(f"{path}: not valid TOML: {e}") from None
+    """Parse and validate features.toml. Every error names the file and the key."""
+    raw = load_toml(path, CatalogError, "no feature catalog (write one, see docs/records.md)")
+    top = Where(path, error=CatalogError)
+    check_keys(raw, top, TOP_KEYS)
     ws = ws or Workspace(path.parent)
     columns: list[Column] = []
-    cols_raw = raw.get("columns")
-    if not isinstance(cols_raw, list) or not cols_raw:
-        raise CatalogError(f"{path}: [[columns]] must name at least one candidate")
-    for i, c in enumerate(cols_raw):
-        where = f"{path} columns[{i}]"
-        if not isinstance(c, dict):
-            raise CatalogError(f"{where}: must be a table")
-        key = _str(c, "key", where)
+    for where, c in need_tables(raw, "columns", top):
+        check_keys(c, where, COLUMN_KEYS)
+        key = need_str(c, "key", where)
         if any(x.key == key for x in columns):
-            raise CatalogError(f"{where}: duplicate column key {key!r}")
-        repo = c.get("repo")
-        if repo is not None and not isinstance(repo, str):
-            raise CatalogError(f"{where}: field 'repo' must be a path string")
-        columns.append(Column(key, _str(c, "title", where, key), _str(c, "candidate", where),
+            raise (where / "key").fail(f"duplicate column key {key!r}")
+        repo = need_str(c, "repo", where, None)
+        columns.append(Column(key, need_str(c, "title", where, key), need_str(c, "candidate", where),
                               (ws.root / repo).resolve() if repo else None))
     keys = [c.key for c in columns]
-    default_models = raw.get("models", [])
-    if not isinstance(default_models, list) or not all(isinstance(m, str) and m for m in default_models):
-        raise CatalogError(f"{path}: field 'models' must be a list of model names")
-    default_models = tuple(default_models)
+    default_models = tuple(need_list(raw, "models", top, [], nonempty=False, what="model names"))
     rows: list[Row] = []
-    secs = raw.get("sections")
-    if not isinstance(secs, list) or not secs:
-        raise CatalogError(f"{path}: [[sections]] must hold at least one section")
-    for i, s in enumerate(secs):
-        where = f"{path} sections[{i}]"
-        if not isinstance(s, dict):
-            raise CatalogError(f"{where}: must be a table")
-        title = _str(s, "title", where)
-        srows = s.get("rows")
-        if not isinstance(srows, list) or not srows:
-            raise CatalogError(f"{where} ({title}): [[sections.rows]] must hold at least one row")
-        for j, r in enumerate(srows):
-            rw = f"{where}.rows[{j}]"
-            if not isinstance(r, dict):
-                raise CatalogError(f"{rw}: must be a table")
-            rid = _str(r, "id", rw)
-            rw = f"{rw} ({rid})"
+    for where, s in need_tables(raw, "sections", top):
+        check_keys(s, where, SECTION_KEYS)
+        title = need_str(s, "title", where)
+        need_str(s, "note", where, "", nonempty=False)
+        for rw, r in need_tables(s, "rows", where):
+            check_keys(r, rw, ROW_KEYS)
+            rid = need_str(r, "id", rw)
             if any(x.id == rid for x in rows):
-                raise CatalogError(f"{rw}: duplicate row id {rid!r}")
-            prove = r.get("prove")
-            if (not isinstance(prove, list) or not prove
-                    or not all(isinstance(p, str) and p for p in prove)):
-                raise CatalogError(f"{rw}: field 'prove' must be a non-empty list of comparator names")
-            suite = _str(r, "suite", rw)
+                raise (rw / "id").fail(f"duplicate row id {rid!r}")
+            prove = need_list(r, "prove", rw, what="comparator names")
+            suite = need_str(r, "suite", rw)
             have = _suite_comparators(ws, suite)
             if have is not None:
                 for p in prove:
                     if p not in have:
-                        raise CatalogError(f"{rw}: suite {suite!r} has no comparator {p!r} "
-                                           f"(its [compare] names {', '.join(have) or 'none'})")
-            na = _table(r, "na", rw, [*keys, ORACLE_KEY])
-            cands = _table(r, "candidates", rw, keys)
-            note = r.get("note", "")
-            if not isinstance(note, str):
-                raise CatalogError(f"{rw}: field 'note' must be a string")
+                        raise (rw / "prove").fail(f"row {rid!r}: suite {suite!r} has no comparator {p!r} "
+                                                  f"(its [compare] names {', '.join(have) or 'none'})")
+            na = _columns_table(r, "na", rw, [*keys, ORACLE_KEY])
+            cands = _columns_table(r, "candidates", rw, keys)
+            note = need_str(r, "note", rw, "", nonempty=False)
             models = _models(r, rw, default_models)
-            rows.append(Row(rid, _str(r, "title", rw), title, models, suite, tuple(prove), cands, na, note))
-    title = raw.get("title", "Features")
-    intro = raw.get("intro", "")
-    if not isinstance(title, str) or not isinstance(intro, str):
-        raise CatalogError(f"{path}: fields 'title' and 'intro' must be strings")
+            rows.append(Row(rid, need_str(r, "title", rw), title, models, suite, tuple(prove), cands, na,
+                            note))
+    title = need_str(raw, "title", top, "Features")
+    intro = need_str(raw, "intro", top, "", nonempty=False)
     return Catalog(path, title, intro.strip(), tuple(columns), tuple(rows), default_models)
 
 
-def _models(d: Mapping[str, Any], where: str, default: tuple[str, ...]) -> tuple[str, ...]:
+def _models(d: Mapping[str, Any], where: Where, default: tuple[str, ...]) -> tuple[str, ...]:
     """A row's ``model = "x"`` or ``models = ["x", "y"]``; neither: the catalog's ``models``."""
     if "model" in d and "models" in d:
-        raise CatalogError(f"{where}: give 'model' or 'models', not both")
+        raise (where / "models").fail("give 'model' or 'models', not both")
     if "model" in d:
-        return (_str(d, "model", where),)
-    v = d.get("models", list(default))
-    if not isinstance(v, list) or not v or not all(isinstance(m, str) and m for m in v):
-        raise CatalogError(f"{where}: field 'models' must be a non-empty list of model names "
-                           "(or set the catalog's top-level 'models')")
-    if len(set(v)) != len(v):
-        raise CatalogError(f"{where}: field 'models' names a model twice")
-    return tuple(v)
+        return (need_str(d, "model", where),)
+    if "models" not in d and not default:
+        raise (where / "models").fail("missing (expected a non-empty list of model names, or set the "
+                                      "catalog's top-level 'models')")
+    return tuple(need_list(d, "models", where, list(default), unique=True, what="model names"))

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harness.console import stderr as err
+from harness.console import error
 from harness.console import stdout as console
 
 
@@ -56,14 +56,14 @@ def cmd_merge(a: argparse.Namespace, ws: Any) -> int:
     try:
         m = merge(ws, a.matrix or ws.root / MATRIX_FILE, a.sources, device=a.device, write=not a.no_write)
     except (MergeError, MatrixError, CatalogError, CitationError) as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     text = summary_markdown(m)
     if a.summary is not None:
         with a.summary.open("a") as fh:
             fh.write(text)
     for p in m.problems:
-        err.print(f"[red]problem:[/red] {p}", highlight=False)
+        error(p, label="problem")
     console.print(f"fleet {'PASS' if m.ok else 'FAIL'}: {len(m.rows)} entries, "
                   f"{len(m.collected.fresh)} new records, {len(m.problems)} problem(s); "
                   + (f"wrote {', '.join(p.name for p in m.written)}" if m.written else "pages unchanged"),

@@ -1,6 +1,6 @@
 """The matrix file (``fleet.toml``): models × suites × candidates × vLLM releases, with each entry's needs.
 
-Schema (every error names the file and the field)::
+Schema (every error names the file and the key, :mod:`harness.tomlcheck`)::
 
     schema = 1
 
@@ -39,11 +39,26 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
+
+from harness.registry import unknown
+from harness.tomlcheck import (
+    InvalidTOML,
+    Where,
+    check_keys,
+    check_table,
+    load_toml,
+    need_choice,
+    need_int,
+    need_list,
+    need_number,
+    need_str,
+    need_table,
+    need_tables,
+)
 
 SCHEMA = 1
 MATRIX_FILE = "fleet.toml"
@@ -57,7 +72,7 @@ Device = Literal["cpu", "cuda"]
 Kind = Literal["gate", "kv", "ab"]
 
 
-class MatrixError(ValueError):
+class MatrixError(InvalidTOML):
     """A malformed matrix file; the message names the file and the field."""
 
 
@@ -128,90 +143,58 @@ class Matrix:
         raise MatrixError(f"{self.path}: no entry {entry_id!r}")
 
 
-def _list(d: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> list[str]:
-    v = d.get(key)
-    if v is None and not required:
-        return []
-    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x.strip() for x in v):
-        raise MatrixError(f"{where}: field {key!r} must be a non-empty list of strings, got {v!r}")
-    if len(set(v)) != len(v):
-        raise MatrixError(f"{where}: field {key!r} lists {sorted(x for x in v if v.count(x) > 1)[0]!r} twice")
-    return list(v)
-
-
-def _number(d: Mapping[str, Any], key: str, where: str, default: float, *, minimum: float = 0) -> float:
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < minimum:
-        raise MatrixError(f"{where}: field {key!r} must be a number >= {minimum}, got {v!r}")
-    return float(v)
-
-
-def _choice(d: Mapping[str, Any], key: str, where: str, choices: Sequence[str], default: str) -> str:
-    v = d.get(key, default)
-    if v not in choices:
-        raise MatrixError(f"{where}: field {key!r} must be one of {', '.join(choices)}, got {v!r}")
-    return str(v)
-
-
 RELEASE = re.compile(r"\d+\.\d+\.\d+([.+-]\w+)?")
 GROUP_KEYS = {"name", "kind", "device", "models", "suites", "candidates", "releases", "connectors",
               "pairs", "gpus", "gpu_memory_gib", "expect", "because"}
 
 
-def _group(g: Mapping[str, Any], where: str) -> list[Entry]:
-    extra = sorted(set(g) - GROUP_KEYS)
-    if extra:
-        raise MatrixError(f"{where}: unknown field {extra[0]!r} (fields: {', '.join(sorted(GROUP_KEYS))})")
-    name = g.get("name", where.rsplit(" ", 1)[-1])
-    if not isinstance(name, str) or not name:
-        raise MatrixError(f"{where}: field 'name' must be a non-empty string")
-    where = f"{where} ({name})"
-    kind = _choice(g, "kind", where, KINDS, "gate")
-    device = _choice(g, "device", where, DEVICES, "cpu")
-    models, suites = _list(g, "models", where), _list(g, "suites", where)
-    gpus = _number(g, "gpus", where, 1 if device == "cuda" else 0)
-    if gpus != int(gpus):
-        raise MatrixError(f"{where}: field 'gpus' must be a whole number, got {gpus}")
+def _group(g: Mapping[str, Any], where: Where) -> list[Entry]:
+    check_keys(g, where, GROUP_KEYS)
+    name = need_str(g, "name", where, where.key)
+    kind = need_choice(g, "kind", where, KINDS, "gate")
+    device = need_choice(g, "device", where, DEVICES, "cpu")
+    models, suites = need_list(g, "models", where, unique=True), need_list(g, "suites", where, unique=True)
+    gpus = need_int(g, "gpus", where, 1 if device == "cuda" else 0, lo=0)
     if device == "cpu" and gpus:
-        raise MatrixError(f"{where}: a cpu group needs no GPU (gpus = {int(gpus)}); use device = \"cuda\"")
+        raise (where / "gpus").fail(f"a cpu group needs no GPU (gpus = {gpus}); use device = \"cuda\"")
     if device == "cuda" and not gpus:
-        raise MatrixError(f"{where}: a cuda group needs gpus >= 1")
-    mem = _number(g, "gpu_memory_gib", where, 0)
+        raise (where / "gpus").fail("a cuda group needs gpus >= 1")
+    mem = need_number(g, "gpu_memory_gib", where, 0, lo=0)
     if device == "cpu" and mem:
-        raise MatrixError(f"{where}: field 'gpu_memory_gib' needs device = \"cuda\"")
-    expect = _choice(g, "expect", where, EXPECT, "pass")
-    because = g.get("because", "")
-    if not isinstance(because, str) or (expect != "pass" and not because.strip()):
-        raise MatrixError(f"{where}: expect = {expect!r} needs a 'because' (the finding, in words)")
-    releases = _list(g, "releases", where, required=False)
+        raise (where / "gpu_memory_gib").fail("needs device = \"cuda\"")
+    expect = need_choice(g, "expect", where, EXPECT, "pass")
+    because = need_str(g, "because", where, "", nonempty=False)
+    if expect != "pass" and not because.strip():
+        raise (where / "because").fail(f"expect = {expect!r} needs a 'because' (the finding, in words)")
+    releases = need_list(g, "releases", where, [], unique=True)
     for r in releases:
         if not RELEASE.fullmatch(r):
-            raise MatrixError(f"{where}: release {r!r} is not a full version such as 0.31.0")
-    base = dict(group=name, kind=kind, device=device, gpus=int(gpus), gpu_memory_gib=mem, expect=expect,
+            raise (where / "releases").fail(f"release {r!r} is not a full version such as 0.31.0")
+    base = dict(group=name, kind=kind, device=device, gpus=gpus, gpu_memory_gib=mem, expect=expect,
                 because=because.strip())
     own = {"gate": "candidates", "kv": "connectors", "ab": "pairs"}[kind]
     for other in ("candidates", "connectors", "pairs"):
         if other != own and other in g:
-            raise MatrixError(f"{where}: field {other!r} does not apply to kind = {kind!r} "
-                              f"(it takes {own!r})")
+            raise (where / other).fail(f"does not apply to kind = {kind!r} (it takes {own!r})")
     if kind == "gate":
-        cands = _list(g, "candidates", where)
+        cands = need_list(g, "candidates", where, unique=True)
         if releases and not any("{release}" in c for c in cands):
-            raise MatrixError(f"{where}: 'releases' given but no candidate names {{release}}")
+            raise (where / "releases").fail("given but no candidate names {release}")
         specs = [c.replace("{release}", r) for c in cands for r in (releases if "{release}" in c else [""])]
         if any("{release}" in c for c in cands) and not releases:
-            raise MatrixError(f"{where}: a candidate names {{release}} but 'releases' is empty")
+            raise (where / "releases").fail("a candidate names {release} but 'releases' is empty")
         whats = [dict(candidate=s) for s in specs]
     elif kind == "kv":
         if releases:
-            raise MatrixError(f"{where}: the KV round trip drives the pinned vLLM: no 'releases'")
-        whats = [dict(connector=None if c == HARNESS_STORE else c) for c in _list(g, "connectors", where)]
+            raise (where / "releases").fail("the KV round trip drives the pinned vLLM: no 'releases'")
+        whats = [dict(connector=None if c == HARNESS_STORE else c)
+                 for c in need_list(g, "connectors", where, unique=True)]
     else:
         pairs = g.get("pairs")
         if (not isinstance(pairs, list) or not pairs or not all(
                 isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x for x in p)
                 for p in pairs)):
-            raise MatrixError(f"{where}: field 'pairs' must be a list of [A, B] spec pairs, got {pairs!r}")
+            raise (where / "pairs").fail(f"expected a list of [A, B] spec pairs, got {pairs!r}")
         whats = [dict(a=a, candidate=b) for a, b in pairs]
     out = []
     for model, suite, what in itertools.product(models, suites, whats):
@@ -220,58 +203,42 @@ def _group(g: Mapping[str, Any], where: str) -> list[Entry]:
     return out
 
 
-def _devices(raw: Any, path: Path) -> dict[str, DeviceConfig]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise MatrixError(f"{path}: [devices] must be a table of device kinds")
+def _devices(raw: Mapping[str, Any], top: Where) -> dict[str, DeviceConfig]:
     out = {}
-    for dev, d in raw.items():
-        where = f"{path} devices.{dev}"
+    for dev, d in need_table(raw, "devices", top, {}).items():
+        where = top / "devices" / dev
         if dev not in DEVICES:
-            raise MatrixError(f"{where}: unknown device kind (one of {', '.join(DEVICES)})")
-        if not isinstance(d, dict):
-            raise MatrixError(f"{where}: must be a table")
-        shards = _number(d, "shards", where, 1, minimum=1)
-        if shards != int(shards):
-            raise MatrixError(f"{where}: field 'shards' must be a whole number")
+            raise where.fail(str(unknown("device kind", dev, DEVICES)))
+        d = check_table(d, where)
+        check_keys(d, where, ("runs-on", "shards", "workers"))
         workers = str(d.get("workers", "auto"))
         if workers != "auto" and not workers.isdigit():
-            raise MatrixError(f"{where}: field 'workers' must be \"auto\" or a number, got {workers!r}")
-        runs_on = _list(d, "runs-on", where, required=False)
-        out[dev] = DeviceConfig(tuple(runs_on), int(shards), workers)
+            raise (where / "workers").fail(f"expected \"auto\" or a number, got {workers!r}")
+        runs_on = need_list(d, "runs-on", where, [])
+        out[dev] = DeviceConfig(tuple(runs_on), need_int(d, "shards", where, 1, lo=1), workers)
     return out
 
 
 def load_matrix(path: Path) -> Matrix:
-    """Parse and expand a matrix file. Raises :class:`MatrixError` naming the file and the field."""
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise MatrixError(f"{path}: no matrix file (see docs/fleet.md)") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise MatrixError(f"{path}: not valid TOML: {e}") from None
+    """Parse and expand a matrix file. Raises :class:`MatrixError` naming the file and the key."""
+    raw = load_toml(path, MatrixError, "no matrix file (see docs/fleet.md)")
+    top = Where(path, error=MatrixError)
+    check_keys(raw, top, ("schema", "defaults", "devices", "group"))
     if raw.get("schema", SCHEMA) != SCHEMA:
-        raise MatrixError(f"{path}: schema {raw.get('schema')!r}; this harness reads schema {SCHEMA}")
-    defaults = raw.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise MatrixError(f"{path}: [defaults] must be a table")
-    estimate = _number(defaults, "estimate_s", f"{path} defaults", 300, minimum=0)
-    groups = raw.get("group")
-    if not isinstance(groups, list) or not groups:
-        raise MatrixError(f"{path}: [[group]] must hold at least one group")
+        raise (top / "schema").fail(f"is {raw.get('schema')!r}; this harness reads schema {SCHEMA}")
+    defaults = need_table(raw, "defaults", top, {})
+    check_keys(defaults, top / "defaults", ("estimate_s",))
+    estimate = need_number(defaults, "estimate_s", top / "defaults", 300, lo=0)
     entries: list[Entry] = []
     first: dict[str, str] = {}
-    for i, g in enumerate(groups):
-        if not isinstance(g, dict):
-            raise MatrixError(f"{path} group[{i}]: must be a table")
-        for e in _group(g, f"{path} group[{i}]"):
+    for where, g in need_tables(raw, "group", top):
+        for e in _group(g, where):
             if e.id in first:
                 raise MatrixError(f"{path}: entry {e.id} appears in group {first[e.id]!r} and in "
                                   f"group {e.group!r}")
             first[e.id] = e.group
             entries.append(e)
-    devices = _devices(raw.get("devices"), path)
+    devices = _devices(raw, top)
     for e in entries:
         if devices and e.device not in devices:
             raise MatrixError(f"{path}: entry {e.id} runs on {e.device} but [devices.{e.device}] is missing")

@@ -38,6 +38,17 @@ from typing import Any
 
 from harness.registry import Registry, unknown
 from harness.suites import SuiteError
+from harness.tomlcheck import (
+    Where,
+    check_keys,
+    check_table,
+    need_choice,
+    need_int,
+    need_list,
+    need_number,
+    need_str,
+    need_table,
+)
 
 TIERS = ("bit_exact", "near_tie")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
@@ -157,35 +168,22 @@ class InvarianceSettings:
         return next((v for v in self.variants if v.name == name), None)
 
 
-def _table(d: Mapping[str, Any], key: str, where: str) -> dict[str, Any]:
-    v = d.get(key, {})
-    if not isinstance(v, Mapping):
-        raise InvarianceError(f"{where}: field {key!r} must be a table")
-    return dict(v)
-
-
 def parse(suite: Any, select: Sequence[str] | None = None) -> InvarianceSettings:
     """The settings of ``suite`` (a :class:`~harness.suites.Suite`), keeping only the variants in
     ``select`` (names of variants and ``rl``; None: the suite's own list)."""
-    where = f"{suite.path} [invariance]"
-    inv = suite.extra.get("invariance", {})
-    if not isinstance(inv, Mapping):
-        raise InvarianceError(f"{where}: must be a table")
-    known = {"variants", "inverse", "engine", *VARIANTS.names()}
-    for key in inv:
-        if key not in known:
-            raise InvarianceError(f"{where}: {unknown('field', key, known)}")
-    names = inv.get("variants", VARIANTS.names())
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise InvarianceError(f"{where}: field 'variants' must be a list of variant names")
+    top = Where(suite.path, error=InvarianceError)
+    where = top / "invariance"
+    inv = need_table(suite.extra, "invariance", top, {})
+    check_keys(inv, where, ("variants", "inverse", "engine", *VARIANTS.names()))
+    names = need_list(inv, "variants", where, VARIANTS.names(), what="variant names")
     for n in names:
         if n not in VARIANTS:
-            raise InvarianceError(f"{where}: field 'variants': {unknown('variant', n, VARIANTS.names())}")
+            raise (where / "variants").fail(str(unknown("variant", n, VARIANTS.names())))
     compare = {s.name: s for s in suite.comparators}
     missing = [t for t in TIERS if t not in compare]
     if missing:
-        raise InvarianceError(f"{suite.path}: an invariance suite needs [compare.{missing[0]}] (the tiers "
-                              f"are {' and '.join(TIERS)})")
+        raise top.fail(f"an invariance suite needs [compare.{missing[0]}] (the tiers are "
+                       f"{' and '.join(TIERS)})")
     default_gates = tuple(t for t in TIERS if compare[t].gate)
     rl_table = suite.extra.get("rl")
     selected = list(select) if select is not None else [*names, *([RL] if rl_table is not None else [])]
@@ -197,81 +195,50 @@ def parse(suite: Any, select: Sequence[str] | None = None) -> InvarianceSettings
         if n not in selected:
             continue
         base = VARIANTS.get(n)
-        t = _table(inv, n, where)
-        vw = f"{suite.path} [invariance.{n}]"
-        allowed = {"gate", "engine", *base.params}
-        for key in t:
-            if key not in allowed:
-                raise InvarianceError(f"{vw}: {unknown('field', key, allowed)}")
-        gate = t.get("gate")
-        if gate is None:
-            gates = default_gates
-        elif gate in TIERS:
-            gates = (gate,)
-        elif gate == "none":
-            gates = ()
-        else:
-            raise InvarianceError(f"{vw}: field 'gate' must be one of {', '.join(TIERS)}, none; got {gate!r}")
-        engine = {**base.engine, **_table(t, "engine", vw)}
+        t = need_table(inv, n, where, {})
+        vw = where / n
+        check_keys(t, vw, ("gate", "engine", *base.params))
+        gate = need_choice(t, "gate", vw, (*TIERS, "none")) if "gate" in t else None
+        gates = default_gates if gate is None else () if gate == "none" else (gate,)
+        engine = {**base.engine, **need_table(t, "engine", vw, {})}
         params = {**base.params, **{k: v for k, v in t.items() if k in base.params}}
         if n == "concurrency":
-            lv = params["levels"]
-            if (not isinstance(lv, list) or len(lv) < 2
-                    or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in lv)):
-                raise InvarianceError(f"{vw}: field 'levels' must list >= 2 concurrencies >= 1 (the first "
-                                      f"is the reference), got {lv!r}")
+            lv = need_list(params, "levels", vw, of=int, lo=1)
+            if len(lv) < 2:
+                raise (vw / "levels").fail(f"expected >= 2 concurrencies >= 1 (the first is the reference), "
+                                           f"got {lv!r}")
         if n == "kv_connector":
-            cs = params["chunk_size"]
-            if not isinstance(cs, int) or isinstance(cs, bool) or cs < 1:
-                raise InvarianceError(f"{vw}: field 'chunk_size' must be an int >= 1, got {cs!r}")
+            need_int(params, "chunk_size", vw, lo=1)
         variants.append(VariantSettings(n, gates, engine, params))
-    inverse = _table(inv, "inverse", where) or {"dtype": "bfloat16"}
+    inverse = need_table(inv, "inverse", where, {}) or {"dtype": "bfloat16"}
     rl = _rl(suite, rl_table, compare) if RL in selected and rl_table is not None else None
     if rl_table is None and "rl_logprobs" in compare:
-        raise InvarianceError(f"{suite.path}: [compare.rl_logprobs] needs an [rl] table (seeds, temperature, "
-                              f"top_p, logprobs_mode)")
+        raise top.fail("[compare.rl_logprobs] needs an [rl] table (seeds, temperature, top_p, logprobs_mode)")
     if not variants and rl is None:
-        raise InvarianceError(f"{where}: nothing to run: no variant selected "
-                              f"({', '.join(selected) or 'none'})")
-    return InvarianceSettings(tuple(variants), inverse, _table(inv, "engine", where), rl)
+        raise where.fail(f"nothing to run: no variant selected ({', '.join(selected) or 'none'})")
+    return InvarianceSettings(tuple(variants), inverse, need_table(inv, "engine", where, {}), rl)
+
+
+RL_KEYS = ("seeds", "temperature", "top_p", "top_k", "logprobs_mode", "max_tokens", "trainer", "cases")
 
 
 def _rl(suite: Any, t: Any, compare: Mapping[str, Any]) -> RLSettings:
-    where = f"{suite.path} [rl]"
-    if not isinstance(t, Mapping):
-        raise InvarianceError(f"{where}: must be a table")
+    where = Where(suite.path, ("rl",), InvarianceError)
+    t = check_table(t, where)
     if "rl_logprobs" not in compare:
-        raise InvarianceError(f"{where}: needs [compare.rl_logprobs] (its bars judge the rollouts)")
-    allowed = {"seeds", "temperature", "top_p", "top_k", "logprobs_mode", "max_tokens", "trainer", "cases"}
-    for key in t:
-        if key not in allowed:
-            raise InvarianceError(f"{where}: {unknown('field', key, allowed)}")
-    seeds = t.get("seeds", [1])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                            for s in seeds):
-        raise InvarianceError(f"{where}: field 'seeds' must be a non-empty list of ints")
-    temp, top_p = t.get("temperature", 1.0), t.get("top_p", 1.0)
-    if not isinstance(temp, int | float) or isinstance(temp, bool) or temp <= 0:
-        raise InvarianceError(f"{where}: field 'temperature' must be a number > 0 (rollouts sample), "
-                              f"got {temp!r}")
-    if not isinstance(top_p, int | float) or isinstance(top_p, bool) or not 0 < top_p <= 1:
-        raise InvarianceError(f"{where}: field 'top_p' must be in (0, 1], got {top_p!r}")
-    top_k = t.get("top_k", 0)
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-        raise InvarianceError(f"{where}: field 'top_k' must be an int >= 0 (0: off), got {top_k!r}")
-    mode = t.get("logprobs_mode", "processed_logprobs")
-    if mode not in LOGPROBS_MODES:
-        raise InvarianceError(f"{where}: field 'logprobs_mode' must be one of {', '.join(LOGPROBS_MODES)} "
-                              f"(vLLM's raw_logits/processed_logits are not logprobs), got {mode!r}")
-    mt = t.get("max_tokens", suite.sampling.max_tokens)
-    if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-        raise InvarianceError(f"{where}: field 'max_tokens' must be an int >= 1")
-    trainer = t.get("trainer", "hf")
-    if not isinstance(trainer, str) or not trainer:
-        raise InvarianceError(f"{where}: field 'trainer' must be an engine spec, e.g. 'hf'")
-    cases = t.get("cases", [])
+        raise where.fail("needs [compare.rl_logprobs] (its bars judge the rollouts)")
+    check_keys(t, where, RL_KEYS)
+    seeds = need_list(t, "seeds", where, [1], of=int)
+    temp = need_number(t, "temperature", where, 1.0, lo=0, lo_open=True, hint=" (rollouts sample)")
+    top_p = need_number(t, "top_p", where, 1.0, lo=0, hi=1, lo_open=True)
+    top_k = need_int(t, "top_k", where, 0, lo=0, hint=" (0: off)")
+    mode = need_choice(t, "logprobs_mode", where, LOGPROBS_MODES, "processed_logprobs",
+                       hint=" (vLLM's raw_logits/processed_logits are not logprobs)")
+    mt = need_int(t, "max_tokens", where, suite.sampling.max_tokens, lo=1)
+    trainer = need_str(t, "trainer", where, "hf")
     ids = {c.id for c in suite.cases}
-    if not isinstance(cases, list) or not all(isinstance(c, str) and c in ids for c in cases):
-        raise InvarianceError(f"{where}: field 'cases' must list case ids of the suite "
-                              f"({', '.join(sorted(ids))})")
-    return RLSettings(tuple(seeds), float(temp), float(top_p), top_k, mode, mt, trainer, tuple(cases))
+    cases = need_list(t, "cases", where, [], nonempty=False)
+    if any(c not in ids for c in cases):
+        raise (where / "cases").fail(f"expected a list of case ids of the suite ({', '.join(sorted(ids))}), "
+                                     f"got {cases!r}")
+    return RLSettings(tuple(seeds), temp, top_p, top_k, mode, mt, trainer, tuple(cases))

@@ -50,6 +50,7 @@ from harness.models import ModelRef
 from harness.staleness import reference_reasons
 from harness.stats import AccuracyTest, StatsError
 from harness.suites import Suite, SuiteError
+from harness.tomlcheck import Where, check_keys, need_int, need_number, need_table
 from harness.workspace import Workspace
 
 
@@ -152,13 +153,17 @@ def agreement(a: Arm, b: Arm, cases: Sequence[Case], tie_params: Mapping[str, An
 
 
 def _accuracy_plan(suite: Suite) -> dict[str, Any] | None:
-    table = suite.extra.get("accuracy")
-    if not isinstance(table, dict):
+    """The suite's ``[accuracy]`` table (sigma, n, alpha, beta) as the test it plans."""
+    if "accuracy" not in suite.extra:
         return None
+    top = Where(suite.path, error=SuiteError)
+    table, where = need_table(suite.extra, "accuracy", top), top / "accuracy"
+    check_keys(table, where, ("sigma", "n", "alpha", "beta"))
     try:
-        t = AccuracyTest.from_suite(table, str(suite.path))
+        t = AccuracyTest(need_number(table, "sigma", where, lo=0), need_int(table, "n", where, lo=1),
+                         need_number(table, "alpha", where, 0.05), need_number(table, "beta", where, 0.2))
     except StatsError as e:
-        raise SuiteError(str(e)) from None
+        raise where.fail(str(e)) from None
     return {**t.to_json(), "note": "planning numbers: B passes when B >= A - threshold; drops smaller "
                                    "than the MDE can slip through. No task set is scored here."}
 

@@ -42,6 +42,7 @@ from harness.oracle import load_or_record
 from harness.records import Control, Record
 from harness.staleness import Current, oracle_reasons
 from harness.suites import SuiteError
+from harness.tomlcheck import Where
 from harness.workspace import Workspace
 
 KEY = "localize"
@@ -153,10 +154,7 @@ class Localize:
         if dict(source.oracle.get("golden_files") or {}) != dict(golden.checksums):
             raise SuiteError(f"{where}: judged against goldens that were re-recorded since: gate it "
                              "again first")
-        try:
-            bar, floor = settings(req.suite.extra.get("localize"), str(req.suite.path))
-        except ValueError as e:
-            raise SuiteError(str(e)) from None
+        bar, floor = settings(req.suite.extra, Where(req.suite.path, error=SuiteError))
         targets = targets_of(golden, divergences(source), req.options.get("cases"))
         return Prepared(source, where, golden, tuple(targets), bar, floor, t0)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.models import ModelRef
 from harness.suites import Suite, SuiteError
+from harness.tomlcheck import Where, check_keys, need_choice, need_int, need_list, need_str, need_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,51 +34,40 @@ class KVSettings:
 
     @classmethod
     def from_suite(cls, suite: Suite) -> KVSettings:
-        where = f"{suite.path} [kv]"
-        kv = suite.extra.get("kv")
-        if not isinstance(kv, Mapping):
-            raise SuiteError(f"{where}: the KV round trip needs a [kv] table")
-
-        def num(key: str, default: int | None, lo: int = 1) -> int | None:
-            v = kv.get(key, default)
-            if v is None:
-                return None
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise SuiteError(f"{where}: field {key!r} must be an int >= {lo}, got {v!r}")
-            return v
-
-        tap = kv.get("tap", {})
-        if not isinstance(tap, Mapping):
-            raise SuiteError(f"{where}: field 'tap' must be a table")
-        policy = kv.get("load_failure_policy", "recompute")
-        if policy not in ("recompute", "fail"):
-            raise SuiteError(f"{where}: field 'load_failure_policy' must be 'recompute' or 'fail'")
-        chunk, block = num("chunk_size", 64), num("block_size", 32)
-        assert chunk is not None and block is not None
+        top = Where(suite.path, error=SuiteError)
+        if not isinstance(suite.extra.get("kv"), Mapping):
+            raise top.fail("the KV round trip needs a [kv] table")
+        kv = need_table(suite.extra, "kv", top)
+        where = top / "kv"
+        check_keys(kv, where, KV_KEYS)
+        tap = need_table(kv, "tap", where, {})
+        check_keys(tap, where / "tap", ("chunk_size", "role", "extra_config"))
+        policy = need_choice(kv, "load_failure_policy", where, ("recompute", "fail"), "recompute")
+        chunk = need_int(kv, "chunk_size", where, 64, lo=1)
+        block = need_int(kv, "block_size", where, 32, lo=1)
         if chunk % block:
-            raise SuiteError(f"{where}: chunk_size {chunk} must be a multiple of block_size {block} "
-                             f"(the non-multiple belongs in refuse_chunk_size)")
-        refuse = num("refuse_chunk_size", None)
+            raise (where / "chunk_size").fail(f"chunk_size {chunk} must be a multiple of block_size {block} "
+                                              f"(the non-multiple belongs in refuse_chunk_size)")
+        refuse = need_int(kv, "refuse_chunk_size", where, None, lo=1)
         if refuse is not None and refuse % block == 0:
-            raise SuiteError(f"{where}: refuse_chunk_size {refuse} is a multiple of block_size {block}: "
-                             f"the connector would accept it")
-        controls = kv.get("controls_case")
+            raise (where / "refuse_chunk_size").fail(
+                f"refuse_chunk_size {refuse} is a multiple of block_size {block}: "
+                f"the connector would accept it")
+        controls = need_str(kv, "controls_case", where, None) if "controls_case" in kv else None
         if controls is not None and controls not in {c.id for c in suite.cases}:
-            raise SuiteError(f"{where}: controls_case {controls!r} is not a case of the suite")
-        engine = kv.get("engine", {})
-        extra = tap.get("extra_config", {})
-        if not isinstance(engine, Mapping) or not isinstance(extra, Mapping):
-            raise SuiteError(f"{where}: 'engine' and 'tap.extra_config' must be tables")
-        tap_chunk = tap.get("chunk_size", block)
-        if not isinstance(tap_chunk, int) or tap_chunk < 1:
-            raise SuiteError(f"{where}: field 'tap.chunk_size' must be an int >= 1")
-        load = kv.get("load")
-        if load is not None and not isinstance(load, Mapping):
-            raise SuiteError(f"{where}: field 'load' must be a table")
-        return cls(chunk, block, refuse, policy, controls, num("timing_reps", 3) or 3,
-                   num("timing_copies", 4) or 4, dict(engine), tap_chunk, str(tap.get("role", "kv_both")),
-                   dict(extra), LoadSettings.from_table(load, f"{suite.path} [kv.load]", block)
-                   if load is not None else None)
+            raise (where / "controls_case").fail(f"controls_case {controls!r} is not a case of the suite")
+        load = need_table(kv, "load", where) if "load" in kv else None
+        return cls(chunk, block, refuse, policy, controls, need_int(kv, "timing_reps", where, 3, lo=1),
+                   need_int(kv, "timing_copies", where, 4, lo=1), need_table(kv, "engine", where, {}),
+                   need_int(tap, "chunk_size", where / "tap", block, lo=1),
+                   need_str(tap, "role", where / "tap", "kv_both"),
+                   need_table(tap, "extra_config", where / "tap", {}),
+                   LoadSettings.from_table(load, where / "load", block) if load is not None else None)
+
+
+KV_KEYS = ("chunk_size", "block_size", "refuse_chunk_size", "load_failure_policy", "controls_case",
+           "timing_reps", "timing_copies", "engine", "tap", "load")
+"""The keys of a suite's ``[kv]`` table."""
 
 
 LOAD_VERDICTS = ("kv_load.pages", "kv_load.bit_exact", "kv_load.near_tie", "kv_load.evidence")
@@ -112,33 +102,28 @@ class LoadSettings:
                 ((k, getattr(self, k)) for k in self.__slots__)}  # type: ignore[attr-defined]
 
     @classmethod
-    def from_table(cls, t: Mapping[str, Any], where: str, block: int) -> LoadSettings:
-        def ints(key: str, default: Any, lo: int = 1) -> Any:
-            v = t.get(key, default)
-            items = v if isinstance(v, list | tuple) else [v]
-            if not items or any(not isinstance(x, int) or isinstance(x, bool) or x < lo for x in items):
-                raise SuiteError(f"{where}: field {key!r} must be int(s) >= {lo}, got {v!r}")
-            return tuple(items) if isinstance(v, list | tuple) else v
+    def from_table(cls, t: Mapping[str, Any], where: Where, block: int) -> LoadSettings:
+        def ints(key: str, default: int, lo: int = 1) -> int:
+            return int(need_int(t, key, where, default, lo=lo))
 
-        unknown = sorted(set(t) - set(cls.__slots__))  # type: ignore[attr-defined]
-        if unknown:
-            raise SuiteError(f"{where}: unknown field(s) {', '.join(unknown)}; known: "
-                             f"{', '.join(cls.__slots__)}")  # type: ignore[attr-defined]
-        suffix = ints("suffix_tokens", [8, 64])
+        check_keys(t, where, cls.__slots__)  # type: ignore[attr-defined]
+        suffix = need_list(t, "suffix_tokens", where, [8, 64], of=int, lo=1)
         if len(suffix) != 2 or suffix[0] > suffix[1]:
-            raise SuiteError(f"{where}: field 'suffix_tokens' must be [least, most], got {list(suffix)}")
-        s = cls(ints("requests", 128), ints("prefix_tokens", [32, 96, 160]), (suffix[0], suffix[1]),
-                ints("pool_blocks", 48), ints("max_model_len", 512), ints("min_in_flight", 64),
-                ints("flip_requests", 1, lo=0), ints("seed", 0, lo=0), ints("timeout_s", 7200))
+            raise (where / "suffix_tokens").fail(f"expected [least, most], got {suffix}")
+        prefixes = tuple(need_list(t, "prefix_tokens", where, [32, 96, 160], of=int, lo=1))
+        s = cls(ints("requests", 128), prefixes, (suffix[0], suffix[1]), ints("pool_blocks", 48),
+                ints("max_model_len", 512), ints("min_in_flight", 64), ints("flip_requests", 1, lo=0),
+                ints("seed", 0, lo=0), ints("timeout_s", 7200))
         longest = max(s.prefix_tokens) + s.suffix_tokens[1]
         if longest >= s.max_model_len:
-            raise SuiteError(f"{where}: the longest request ({longest} tokens) does not fit max_model_len "
-                             f"{s.max_model_len}")
+            raise (where / "max_model_len").fail(f"the longest request ({longest} tokens) does not fit "
+                                                 f"max_model_len {s.max_model_len}")
         if s.pool_blocks * block < s.max_model_len + block:
-            raise SuiteError(f"{where}: pool_blocks {s.pool_blocks} x block {block} cannot hold one request "
-                             f"of max_model_len {s.max_model_len}: vLLM would refuse to start")
+            raise (where / "pool_blocks").fail(
+                f"pool_blocks {s.pool_blocks} x block {block} cannot hold one request of max_model_len "
+                f"{s.max_model_len}: vLLM would refuse to start")
         if s.min_in_flight > s.requests:
-            raise SuiteError(f"{where}: min_in_flight {s.min_in_flight} > requests {s.requests}")
+            raise (where / "min_in_flight").fail(f"min_in_flight {s.min_in_flight} > requests {s.requests}")
         return s
 
 

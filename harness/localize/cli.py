@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.api import EngineRefused, TensorSource
-from harness.console import stderr, stdout
+from harness.console import error, note, stdout
 from harness.engines import make_runner
 from harness.kinds.localize import KEY, divergences
 from harness.localize.oracle import cache_path, golden_sequence
@@ -50,9 +50,9 @@ def report(res: GateResult, ws: Workspace, con: Console, detail: bool = False) -
         con.print(rec.summary, highlight=False)
     shown = res.path.relative_to(ws.root) if res.path.is_relative_to(ws.root) else res.path
     bad = [c for c in rec.controls if not c.ok] if rec.outcome == "pass" else []
-    con.print(f"[dim]{rec.outcome}: {shown}" + (f" (+ {shown.with_suffix('').name}.profile.png)"
-                                                if rec.extra.get("figures") else "")
-              + (f"; {len(bad)} control(s) not answered as planted" if bad else "") + "[/dim]")
+    note(f"{rec.outcome}: {shown}" + (f" (+ {shown.with_suffix('').name}.profile.png)"
+                                      if rec.extra.get("figures") else "")
+         + (f"; {len(bad)} control(s) not answered as planted" if bad else ""), con)
 
 
 def localize_command(a: argparse.Namespace, ws: Workspace) -> int:
@@ -103,9 +103,9 @@ def after_gate(ws: Workspace, res: GateResult, con: Console) -> GateResult | Non
         if (find_suite(ws.suites, str(rec.suite["name"])).extra.get("localize") or {}).get("auto") is False:
             why = "the suite's [localize] table says auto = false"
     if why is not None:
-        con.print(f"[dim]not localized: {why}[/dim]", highlight=False)
+        note(f"not localized: {why}", con)
         return None
-    con.print("[dim]localizing where the engines part (harness localize; --no-localize skips it)...[/dim]")
+    note("localizing where the engines part (harness localize; --no-localize skips it)...", con)
     out = localize(ws, rec, str(res.path.relative_to(ws.root) if res.path.is_relative_to(ws.root)
                                 else res.path))
     report(out, ws, con)
@@ -131,7 +131,7 @@ def plant_command(a: argparse.Namespace, ws: Workspace) -> int:
         got = plant(resolve_model(a.model, ws), a.out, weight=a.weight, layer=a.layer, sub=a.sub,
                     relative=a.relative, seed=a.seed)
     except PlantError as e:
-        stderr.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     stdout.print(f"{got.path}: {a.model} with {got.weight} perturbed by {got.relative:g} (relative, seed "
                     f"{got.seed}); digest {got.digest[:16]}\n  make gate MODEL={a.model} "

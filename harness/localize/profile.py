@@ -27,6 +27,7 @@ import numpy as np
 
 from harness.compare.kl import json_number
 from harness.compare.nmse import DEFAULT_MAX_NMSE, nmse_rows
+from harness.tomlcheck import Where, check_keys, need_bool, need_number, need_table
 
 DEFAULT_BAR = DEFAULT_MAX_NMSE
 DEFAULT_FLOOR = 1e-8
@@ -151,25 +152,18 @@ def profile(case_id: str, oracle: Mapping[str, np.ndarray], candidate: Mapping[s
     return Profile(case_id, tuple(steps), positions, row, bar, floor, tuple(missing), top1, diverged)
 
 
-def settings(table: Mapping[str, Any] | None, where: str) -> tuple[float, float]:
-    """(bar, floor) from a suite's ``[localize]`` table; a bad value is a ``ValueError`` naming it."""
-    table = dict(table or {})
-    unknown = set(table) - {"nmse_bar", "nmse_floor", "auto"}
-    if unknown:
-        raise ValueError(f"{where} [localize]: unknown key(s) {', '.join(sorted(unknown))}; valid: "
-                         "nmse_bar, nmse_floor, auto")
-    vals = []
-    for key, default in (("nmse_bar", DEFAULT_BAR), ("nmse_floor", DEFAULT_FLOOR)):
-        v = table.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-            raise ValueError(f"{where} [localize] {key}: must be a number > 0, got {v!r}")
-        vals.append(float(v))
-    if vals[1] >= vals[0]:
-        raise ValueError(f"{where} [localize]: nmse_floor {vals[1]:g} must be below nmse_bar {vals[0]:g}")
-    auto = table.get("auto", True)
-    if not isinstance(auto, bool):
-        raise ValueError(f"{where} [localize] auto: must be true or false, got {auto!r}")
-    return vals[0], vals[1]
+def settings(extra: Mapping[str, Any], top: Where) -> tuple[float, float]:
+    """(bar, floor) from a suite's ``[localize]`` table (``extra``: the suite's other tables, ``top``:
+    the suite file); a bad value is an error naming the file and the key."""
+    table = need_table(extra, "localize", top, {})
+    where = top / "localize"
+    check_keys(table, where, ("nmse_bar", "nmse_floor", "auto"))
+    bar = need_number(table, "nmse_bar", where, DEFAULT_BAR, lo=0, lo_open=True)
+    floor = need_number(table, "nmse_floor", where, DEFAULT_FLOOR, lo=0, lo_open=True)
+    if floor >= bar:
+        raise (where / "nmse_floor").fail(f"nmse_floor {floor:g} must be below nmse_bar {bar:g}")
+    need_bool(table, "auto", where, True)
+    return bar, floor
 
 
 def planted(oracle: Mapping[str, np.ndarray], at: str, scale: float, seed: int = 0) -> dict[str, np.ndarray]:

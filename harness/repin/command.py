@@ -31,19 +31,19 @@ def repin_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_repin(a: argparse.Namespace, ws: Any) -> int:
-    from harness.console import stderr as err
+    from harness.console import error, note
     from harness.console import stdout as console
     from harness.repin import RepinError
     from harness.repin.run import repin
 
     if len(a.vllm.replace(",", " ").split()) != 1:
-        err.print(f"[bold red]error:[/bold red] --vllm {a.vllm!r}: name one release, e.g. VLLM=0.31.0")
+        error(f"--vllm {a.vllm!r}: name one release, e.g. VLLM=0.31.0")
         return 2
     try:
         done = repin(ws, a.vllm.strip(), models=a.model, suites=a.suite, accept=a.accept, partial=a.partial,
-                     fresh=a.fresh, progress=lambda s: console.print(f"[dim]{s}[/dim]", highlight=False))
+                     fresh=a.fresh, progress=note)
     except RepinError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        error(e)
         return 2
     print_repin(done, ws, console)
     return 0

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from harness.console import note
 from harness.console import stdout as console
 from harness.workspace import Workspace
 
@@ -26,16 +27,18 @@ def run_sampling(
 ) -> list[GateResult]:
     """One record per candidate; the pinned oracle runs once, before the first."""
     from harness.models import resolve_model
-    from harness.pipeline import run_gate
+    from harness.pipeline import kind_of, run_gate
     from harness.sampling.oracle import oracle_rows
     from harness.sampling.settings import gate_settings
     from harness.suites import find_suite
 
     model = resolve_model(model_name, ws)
     suite = find_suite(ws.suites, suite_name)
+    kind_of(suite)  # the suite is checked whole before any engine starts
+    gs = gate_settings(suite)
     if progress:
         progress(f"oracle: the pinned vLLM, greedy + raw logits for {len(suite.cases)} cases")
-    oracle = oracle_rows(ws, model, suite, gate_settings(suite))
+    oracle = oracle_rows(ws, model, suite, gs)
     out = []
     for spec in candidates:
         if progress:
@@ -69,7 +72,7 @@ def cmd_sampling(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.report import print_record
 
     specs = [c for arg in (a.candidate or DEFAULT_CANDIDATES) for c in arg.split() if c]
-    results = run_sampling(ws, a.model, a.suite, specs, lambda s: console.print(f"[dim]{s}[/dim]"))
+    results = run_sampling(ws, a.model, a.suite, specs, note)
     for res in results:
         print_record(
             res.record,

@@ -11,6 +11,16 @@ from typing import Any
 from harness.api import Sampling
 from harness.sampling.transforms import PARAMETERS
 from harness.suites import Suite, SuiteError
+from harness.tomlcheck import (
+    Where,
+    check_keys,
+    need_choice,
+    need_int,
+    need_number,
+    need_str,
+    need_table,
+    need_tables,
+)
 
 MIN_EXPECTED = 5.0
 """Smallest expected count of a cell of its own (a fit's default)."""
@@ -89,15 +99,15 @@ class GateSettings:
         }
 
 
-_GATE_KEYS: Mapping[str, tuple[type | tuple[type, ...], str]] = {
-    "positions_per_case": (int, "an int >= 1"),
-    "align": (int, "an int >= 0"),
-    "max_draws": (int, "an int >= 20"),
-    "repeat_draws": (int, "an int >= 1"),
-    "control_repetitions": (int, "an int >= 0"),
-    "seed": (int, "an int >= 0"),
-    "settings": (list, "an array of tables ([[sampling_gate.settings]])"),
+_GATE_INTS: Mapping[str, int] = {
+    "positions_per_case": 1,
+    "align": 0,
+    "max_draws": 20,
+    "repeat_draws": 1,
+    "control_repetitions": 0,
+    "seed": 0,
 }
+"""The integer keys of ``[sampling_gate]`` and the least value of each."""
 _SETTING_KEYS = (
     "id",
     "param",
@@ -121,80 +131,20 @@ _BARS: Mapping[str, tuple[float, float]] = {
 }
 
 
-def _check(where: str, key: str, v: Any, typ: type | tuple[type, ...], want: str, ok: bool = True) -> Any:
-    if isinstance(v, bool) or not isinstance(v, typ) or not ok:
-        raise SuiteError(f"{where}: key {key!r} must be {want}, got {v!r}")
-    return v
-
-
-def _setting(raw: Any, i: int, where: str) -> Setting:
-    w = f"{where}.settings[{i}]"
-    if not isinstance(raw, dict):
-        raise SuiteError(f"{w}: must be a table")
-    stray = sorted(set(raw) - set(_SETTING_KEYS))
-    if stray:
-        from harness.registry import unknown
-
-        raise SuiteError(f"{w}: {unknown('key', stray[0], _SETTING_KEYS)}")
-    sid = _check(w, "id", raw.get("id"), str, "a non-empty string", bool(raw.get("id")))
-    param = _check(
-        w, "param", raw.get("param"), str, "one of " + ", ".join(PARAMS_ROWS), raw.get("param") in PARAMS_ROWS
-    )
-    step = _check(
-        w, "step", raw.get("step", 0), int, "an int in 0..4", 0 <= int(raw.get("step", 0) or 0) <= 4
-    )
-    num = (int, float)
-    t = float(
-        _check(
-            w,
-            "temperature",
-            raw.get("temperature", 1.0),
-            num,
-            "a number > 0",
-            float(raw.get("temperature", 1.0)) > 0,
-        )
-    )
-    k = _check(w, "top_k", raw.get("top_k", 0), int, "an int >= 0", int(raw.get("top_k", 0)) >= 0)
-    p = float(
-        _check(
-            w,
-            "top_p",
-            raw.get("top_p", 1.0),
-            num,
-            "a number in (0, 1]",
-            0 < float(raw.get("top_p", 1.0)) <= 1,
-        )
-    )
-    mp = float(
-        _check(
-            w,
-            "min_p",
-            raw.get("min_p", 0.0),
-            num,
-            "a number in [0, 1)",
-            0 <= float(raw.get("min_p", 0.0)) < 1,
-        )
-    )
-    rp = float(
-        _check(
-            w,
-            "repetition_penalty",
-            raw.get("repetition_penalty", 1.0),
-            num,
-            "a number > 0",
-            float(raw.get("repetition_penalty", 1.0)) > 0,
-        )
-    )
-    pp = float(
-        _check(
-            w,
-            "presence_penalty",
-            raw.get("presence_penalty", 0.0),
-            num,
-            "a number",
-        )
-    )
-    fp = float(_check(w, "frequency_penalty", raw.get("frequency_penalty", 0.0), num, "a number"))
+def _setting(raw: dict[str, Any], w: Where) -> Setting:
+    check_keys(raw, w, _SETTING_KEYS)
+    sid = need_str(raw, "id", w)
+    param = need_choice(raw, "param", w, PARAMS_ROWS)
+    step = need_int(raw, "step", w, 0, lo=0, hi=4)
+    t = need_number(raw, "temperature", w, 1.0, lo=0, lo_open=True)
+    k = need_int(raw, "top_k", w, 0, lo=0)
+    p = need_number(raw, "top_p", w, 1.0, lo=0, hi=1, lo_open=True)
+    mp = need_number(raw, "min_p", w, 0.0, lo=0, hi=1)
+    if mp >= 1:
+        raise (w / "min_p").fail(f"expected a number in [0, 1), got {raw['min_p']!r}")
+    rp = need_number(raw, "repetition_penalty", w, 1.0, lo=0, lo_open=True)
+    pp = need_number(raw, "presence_penalty", w, 0.0)
+    fp = need_number(raw, "frequency_penalty", w, 0.0)
     s = Sampling(
         step + 1,
         1,
@@ -208,10 +158,10 @@ def _setting(raw: Any, i: int, where: str) -> Setting:
         frequency_penalty=fp,
     )
     if param != "order" and getattr(s, param) == getattr(Sampling(1, temperature=1.0), param):
-        raise SuiteError(f"{w} ({sid}): param is {param!r} but the setting leaves {param} at its default")
+        raise (w / "param").fail(f"is {param!r} but setting {sid!r} leaves {param} at its default")
     if param == "order" and (t == 1.0 or (p == 1.0 and mp == 0.0 and k == 0)):
-        raise SuiteError(
-            f"{w} ({sid}): an 'order' setting needs a temperature other than 1 and a "
+        raise (w / "param").fail(
+            f"setting {sid!r}: an 'order' setting needs a temperature other than 1 and a "
             f"truncation (top_p, min_p or top_k): otherwise every order agrees"
         )
     return Setting(sid, param, s, step)
@@ -223,49 +173,32 @@ def verdict_names(raw: Mapping[str, Any]) -> list[str]:
     table = raw.get(TABLE) if isinstance(raw.get(TABLE), Mapping) else {}
     rows = table.get("settings", []) if isinstance(table, Mapping) else []
     params = [r.get("param") for r in rows if isinstance(r, Mapping)]
-    return [*dict.fromkeys(f"sampling.{p}" for p in params if isinstance(p, str)),
-            "sampling.seed", "sampling.logprobs"]
+    return [
+        *dict.fromkeys(f"sampling.{p}" for p in params if isinstance(p, str)),
+        "sampling.seed",
+        "sampling.logprobs",
+    ]
 
 
 def gate_settings(suite: Suite) -> GateSettings:
     """The validated ``[sampling_gate]`` table of ``suite``: its settings and its bars."""
-    where = f"{suite.path} [{TABLE}]"
-    raw = suite.extra.get(TABLE)
-    if not isinstance(raw, dict):
-        raise SuiteError(f"{suite.path}: a sampling suite needs a [{TABLE}] table with its settings")
-    stray = sorted(set(raw) - set(_GATE_KEYS) - set(_BARS))
-    if stray:
-        from harness.registry import unknown
-
-        raise SuiteError(f"{where}: {unknown('key', stray[0], [*_GATE_KEYS, *_BARS])}")
-    kw: dict[str, Any] = {}
-    for key, (typ, want) in _GATE_KEYS.items():
-        if key in raw and key != "settings":
-            v = _check(where, key, raw[key], typ, want)
-            low = {"positions_per_case": 1, "max_draws": 20, "repeat_draws": 1}.get(key, 0)
-            kw[key] = _check(where, key, v, typ, want, v >= low)
-    settings = tuple(
-        _setting(r, i, where)
-        for i, r in enumerate(
-            _check(
-                where,
-                "settings",
-                raw.get("settings"),
-                list,
-                _GATE_KEYS["settings"][1],
-                bool(raw.get("settings")),
-            )
-        )
-    )
+    top = Where(suite.path, error=SuiteError)
+    if not isinstance(suite.extra.get(TABLE), dict):
+        other = f" (suite {suite.name!r} is of kind {suite.kind!r})" if suite.kind != "sampling" else ""
+        raise top.fail(f"a sampling suite needs a [{TABLE}] table with its settings{other}")
+    raw = need_table(suite.extra, TABLE, top)
+    where = top / TABLE
+    check_keys(raw, where, [*_GATE_INTS, "settings", *_BARS])
+    kw: dict[str, Any] = {k: need_int(raw, k, where, lo=lo) for k, lo in _GATE_INTS.items() if k in raw}
+    settings = tuple(_setting(r, w) for w, r in need_tables(raw, "settings", where))
     ids = [s.id for s in settings]
     dup = next((x for x in ids if ids.count(x) > 1), None)
     if dup:
-        raise SuiteError(f"{where}: two settings have id {dup!r}")
+        raise (where / "settings").fail(f"two settings have id {dup!r}")
     for key, (lo, hi) in _BARS.items():
         if key in raw:
-            v = _check(where, key, raw[key], (int, float), f"a number in [{lo:g}, {hi:g}]")
-            if not lo <= v <= hi or (key == "alpha" and v >= 0.5):
-                raise SuiteError(f"{where}: key {key!r} must be in [{lo:g}, {hi:g}], got {v!r}")
-            kw[key] = int(v) if key == "max_cells" else float(v)
+            v = need_number(raw, key, where, lo=lo, hi=hi)
+            if key == "alpha" and v >= 0.5:
+                raise (where / key).fail(f"expected a number in [{lo:g}, {hi:g}), got {v!r}")
+            kw[key] = int(v) if key == "max_cells" else v
     return GateSettings(settings, **kw)
-

@@ -119,7 +119,7 @@ def test_its_parameters_are_checked_when_the_suite_loads(workspace: Workspace, r
     with pytest.raises(SuiteError, match=r"\[compare.length\].*max_shrt.*Did you mean 'max_short'"):
         find_suite(workspace.suites, "smoke")
     gate_suite(workspace, "[compare.length]\nmax_short = -1")
-    with pytest.raises(SuiteError, match="max_short: must be an int >= 0"):
+    with pytest.raises(SuiteError, match=r"\[compare.length\].max_short: expected an int >= 0"):
         find_suite(workspace.suites, "smoke")
 
 

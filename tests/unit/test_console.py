@@ -9,17 +9,19 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from rich.table import Table
 
 from harness.api import EngineInfo, Verdict
 from harness.cli import main
 from harness.console import LOG_WIDTH, log_width, make_console
 from harness.provenance import git_dirty, git_sha, tree_label
 from harness.records import Control, Record, new_record_id, write_record
-from harness.report import print_record
+from harness.report import print_record, verdict_table
 from harness.report_markdown import record_markdown
 from harness.steps import step
 from harness.workspace import REPO_ROOT
@@ -198,3 +200,81 @@ def test_processes_that_run_under_other_vllm_releases_do_not_import_rich() -> No
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# markup off: the user's text goes out as written
+
+
+def test_errors_warnings_notes_and_plain_prints_keep_bracketed_names() -> None:
+    from harness.console import error, note, warning
+
+    con = make_console(file=io.StringIO(), environ={})
+    error("suites/smoke.toml: a sampling suite needs a [sampling_gate] table", con)
+    warning("unreadable record [bold]x.json[/bold]", con)
+    note("not plotted: [kv.load] [/dim]", con)
+    con.print("[red]as written[/red]")
+    assert rendered(con).splitlines() == [
+        "error: suites/smoke.toml: a sampling suite needs a [sampling_gate] table",
+        "warning: unreadable record [bold]x.json[/bold]",
+        "not plotted: [kv.load] [/dim]",
+        "[red]as written[/red]"]
+    styled = make_console(file=io.StringIO(), environ={}, force_terminal=True)
+    error("x [y]", styled)
+    assert "\x1b[1;31merror:\x1b[0m x [y]" in styled.file.getvalue()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# tables wider than the log: one block per row, nothing cut
+
+SAMPLING_HEADS = ("sampling.temperature", "sampling.top_k", "sampling.top_p", "sampling.min_p",
+                  "sampling.repetition_penalty", "sampling.presence_penalty", "sampling.frequency_penalty",
+                  "sampling.order", "sampling.seed", "sampling.logprobs")
+
+
+def sampling_record() -> Record:
+    """A record shaped like the sampling gate's: ten verdict columns with long names."""
+    verdicts = tuple(
+        Verdict(f"t{i:02d}", c, "pass" if i else "fail",
+                f"{c}: p 0.{i + 3}1 (Holm bar 0.01), TV 0.031 observed, 0.094 detectable, 4000 draws")
+        for i in range(3) for c in SAMPLING_HEADS)
+    return replace(wide_record(), verdicts=verdicts, gates=SAMPLING_HEADS, outcome="fail")
+
+
+@pytest.mark.parametrize("columns", ["120", "80"])
+def test_a_wide_table_in_a_log_prints_every_head_and_verdict_whole(columns: str) -> None:
+    rec = sampling_record()
+    con = make_console(file=io.StringIO(), environ={"COLUMNS": columns})
+    assert con.width == int(columns)
+    print_record(rec, "", con)
+    text = rendered(con)
+    lines = text.splitlines()
+    for head in SAMPLING_HEADS:
+        assert f"  {head}: " in text, (head, text)  # the head whole, at the start of its line
+    for v in rec.verdicts:
+        assert f"  {v.comparator}: {v.status.upper() if v.status != 'pass' else 'pass'} {v.summary}" in lines, v
+    assert [line for line in lines if line.startswith("case: ")] == ["case: t00", "case: t01", "case: t02"]
+
+    cut = Console(file=io.StringIO(), width=int(columns))  # rich alone: heads folded ("ture", "lty")
+    cut.print(verdict_table(rec))
+    assert not all(head in rendered(cut) for head in SAMPLING_HEADS)
+
+
+def test_a_table_that_fits_stays_a_table_and_a_terminal_wraps_blocks_at_words() -> None:
+    from harness.console import fits, whole
+
+    narrow = make_console(file=io.StringIO(), environ={"COLUMNS": "120"})
+    t = Table(title="two columns")
+    t.add_column("case")
+    t.add_column("[strict]")  # a bracketed head prints as written
+    t.add_row("c01", "pass: 32/32 tokens equal")
+    assert fits(t, narrow) and whole(t, narrow) is t
+    narrow.print(whole(t, narrow))
+    assert "[strict]" in rendered(narrow)
+
+    rec = sampling_record()
+    tty = make_console(file=Tty(), environ={}, force_terminal=True, width=60)
+    print_record(rec, "", tty)
+    words = set(re.sub("[\u2500-\u257f]", " ", rendered(tty)).split())
+    for head in SAMPLING_HEADS:
+        assert f"{head}:" in words  # wrapped at words, never inside a head

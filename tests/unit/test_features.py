@@ -234,12 +234,12 @@ def test_supported_models_shows_the_current_state_one_line_per_configuration(ws:
 
 
 @pytest.mark.parametrize("edit, needle", [
-    (lambda s: s.replace('prove = ["near_tie"]', 'prove = []', 1), "field 'prove' must be a non-empty list"),
+    (lambda s: s.replace('prove = ["near_tie"]', 'prove = []', 1), "].prove: expected a non-empty list of comparator names, got []"),
     (lambda s: s.replace('prove = ["near_tie"]', 'prove = ["near_tye"]', 1),
      "suite 'smoke' has no comparator 'near_tye'"),
-    (lambda s: s.replace('na = { cpp', 'na = { cp', 1), "unknown column 'cp'. Did you mean 'cpp'"),
+    (lambda s: s.replace('na = { cpp', 'na = { cp', 1), ".na].cp: unknown column 'cp'. Did you mean 'cpp'"),
     (lambda s: s.replace('id = "exact"', 'id = "near-tie"', 1), "duplicate row id 'near-tie'"),
-    (lambda s: s.replace('candidate = "hf"', '', 1), "columns[0]: missing field 'candidate'"),
+    (lambda s: s.replace('candidate = "hf"', '', 1), "[columns[0]].candidate: missing (expected a non-empty string)"),
     (lambda s: s + "\n[[[", "not valid TOML"),
 ])
 def test_catalog_errors_name_the_file_and_field(ws: Workspace, edit, needle: str) -> None:  # noqa: ANN001

@@ -77,19 +77,19 @@ def test_groups_expand_to_the_product_with_ids_and_needs(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("edit, needle", [
-    (("shards = 2", "shards = 0"), "devices.cpu: field 'shards' must be a number >= 1"),
+    (("shards = 2", "shards = 0"), "[devices.cpu].shards: expected an integer >= 1, got 0"),
     (('releases = ["0.30.0", "0.31.0"]', 'releases = ["0.31"]'), "release '0.31' is not a full version"),
     (('releases = ["0.30.0", "0.31.0"]', ""), "a candidate names {release} but 'releases' is empty"),
     (('because = "the off-by-one"', ""), "expect = 'fail' needs a 'because'"),
-    (('kind = "kv"', 'kind = "kv"\ncandidates = ["hf"]'), "field 'candidates' does not apply to kind = 'kv'"),
-    (('device = "cuda"', 'device = "tpu"'), "field 'device' must be one of cpu, cuda, got 'tpu'"),
+    (('kind = "kv"', 'kind = "kv"\ncandidates = ["hf"]'), "].candidates: does not apply to kind = 'kv' (it takes 'connectors')"),
+    (('device = "cuda"', 'device = "tpu"'), "].device: expected one of cpu, cuda, got 'tpu'"),
     (('gpu_memory_gib = 40', 'gpu_memory_gib = 40\ngpus = 0'), "a cuda group needs gpus >= 1"),
     (('name = "t"', 'name = "t"\ngpus = 1'), "a cpu group needs no GPU"),
-    (('name = "t"', 'name = "t"\nmodel = "x"'), "unknown field 'model'"),
-    (('pairs = [["vllm", "vllm:dtype=bfloat16"]]', 'pairs = [["vllm"]]'), "field 'pairs' must be a list"),
-    (('suites = ["kv_roundtrip"]', 'suites = []'), "field 'suites' must be a non-empty list"),
+    (('name = "t"', 'name = "t"\nmodel = "x"'), "].model: unknown key 'model'. Did you mean 'models'"),
+    (('pairs = [["vllm", "vllm:dtype=bfloat16"]]', 'pairs = [["vllm"]]'), "].pairs: expected a list of [A, B] spec pairs"),
+    (('suites = ["kv_roundtrip"]', 'suites = []'), "].suites: expected a non-empty list of strings, got []"),
     (('candidates = ["hf", "vllm@{release}"]', 'candidates = ["hf", "hf"]'), "lists 'hf' twice"),
-    (("[devices.cuda]", "[devices.tpu]"), "devices.tpu: unknown device kind"),
+    (("[devices.cuda]", "[devices.tpu]"), "[devices].tpu: unknown device kind 'tpu'"),
 ])
 def test_a_bad_matrix_is_refused_naming_the_file_and_field(tmp_path: Path, edit: tuple[str, str],
                                                            needle: str) -> None:

@@ -175,5 +175,5 @@ def test_suites_ask_for_the_whole_vocabulary_by_name(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\nversion = 1\n[sampling]\nmax_tokens = 4\nlogprobs = "all"\n'
                    '[compare.strict]\n[[cases]]\nid = "a"\ntext = "x"\n')
-    with pytest.raises(SuiteError, match=r"bad.toml \[sampling\]: field 'logprobs' must be an int >= 0 or \"full\""):
+    with pytest.raises(SuiteError, match=r"bad.toml: \[sampling\].logprobs: expected an integer >= 0 or \"full\""):
         load_suite(bad)

@@ -295,13 +295,13 @@ def suite_with(tmp_path: Path, edit: Callable[[str], str], name: str = "invarian
 
 @pytest.mark.parametrize(("old", "new", "message"), [
     ('variants = ["batch", "prefix_cache", "decode_prefill"]', 'variants = ["batch", "prefix_cach"]',
-     r"field 'variants': unknown variant 'prefix_cach'. Did you mean 'prefix_cache'"),
-    ("[invariance]\n", "[invariance]\nbatchh = 1\n", r"\[invariance\]: unknown field 'batchh'"),
+     r"\[invariance\].variants: unknown variant 'prefix_cach'. Did you mean 'prefix_cache'"),
+    ("[invariance]\n", "[invariance]\nbatchh = 1\n", r"\[invariance\].batchh: unknown key 'batchh'. Did you mean 'batch'"),
     ("[invariance]\n", '[invariance.batch]\ngate = "exact"\n[invariance]\n',
-     r"\[invariance.batch\]: field 'gate' must be one of bit_exact, near_tie, none"),
-    ('logprobs_mode = "raw_logprobs"', 'logprobs_mode = "raw_logits"', r"\[rl\]: field 'logprobs_mode'"),
-    ("temperature = 0.8", "temperature = 0", r"\[rl\]: field 'temperature' must be a number > 0"),
-    ('cases = ["c02", "p01"]', 'cases = ["c09"]', r"\[rl\]: field 'cases' must list case ids"),
+     r"\[invariance.batch\].gate: expected one of bit_exact, near_tie, none, got 'exact'"),
+    ('logprobs_mode = "raw_logprobs"', 'logprobs_mode = "raw_logits"', r"\[rl\].logprobs_mode: expected one of raw_logprobs, processed_logprobs"),
+    ("temperature = 0.8", "temperature = 0", r"\[rl\].temperature: expected a number > 0 \(rollouts sample\), got 0"),
+    ('cases = ["c02", "p01"]', 'cases = ["c09"]', r"\[rl\].cases: expected a list of case ids of the suite"),
     ("[compare.bit_exact]\ngate = true\n", "", r"needs \[compare.bit_exact\]"),
 ])
 def test_a_malformed_invariance_suite_names_the_file_and_the_field(tmp_path: Path, old: str, new: str,
@@ -325,7 +325,7 @@ def test_parity_suites_stay_greedy_and_keep_their_sampling_form(tmp_path: Path) 
     assert Sampling(32, 5, 0.8, 1, top_p=0.9).to_json()["top_p"] == 0.9
     p = tmp_path / "smoke.toml"
     p.write_text((REPO_ROOT / "suites" / "smoke.toml").read_text().replace("logprobs = 5", "logprobs = 5\ntop_p = 0.9"))
-    with pytest.raises(SuiteError, match=r"\[sampling\]: field 'top_p' must be 1 \(parity gates are greedy"):
+    with pytest.raises(SuiteError, match=r"\[sampling\].top_p: must be 1 \(parity gates are greedy"):
         load_suite(p)
     for name in ("smoke", "kv_roundtrip", "ab_smoke"):  # committed goldens still read their manifests
         assert load_suite(REPO_ROOT / "suites" / f"{name}.toml").sampling.greedy

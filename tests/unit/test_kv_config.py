@@ -121,10 +121,10 @@ def test_the_committed_suite_settings() -> None:
     ("[kv]\nchunk_size = 48\nblock_size = 32", "chunk_size 48 must be a multiple of block_size 32"),
     ("[kv]\nrefuse_chunk_size = 64", "refuse_chunk_size 64 is a multiple"),
     ("[kv]\ncontrols_case = 'c99'", "controls_case 'c99' is not a case"),
-    ("[kv]\nload_failure_policy = 'ignore'", "'load_failure_policy' must be"),
-    ("[kv]\ntiming_reps = 0", "'timing_reps' must be an int >= 1"),
+    ("[kv]\nload_failure_policy = 'ignore'", "[kv].load_failure_policy: expected one of recompute, fail, got 'ignore'"),
+    ("[kv]\ntiming_reps = 0", "[kv].timing_reps: expected an integer >= 1, got 0"),
 ])
 def test_a_malformed_kv_table_names_the_file_and_field(tmp_path: Path, kv: str, needle: str) -> None:
     with pytest.raises(SuiteError) as e:
         KVSettings.from_suite(load_suite(write_suite(tmp_path, kv)))
-    assert needle in str(e.value) and "kv_roundtrip.toml [kv]" in str(e.value)
+    assert needle in str(e.value) and "kv_roundtrip.toml: [kv]." in str(e.value), str(e.value)

@@ -19,6 +19,7 @@ from harness.kv.pages import PageRef, prefix_keys
 from harness.kv.passes import Phase
 from harness.kv.settings import LoadSettings
 from harness.suites import SuiteError
+from harness.tomlcheck import Where
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 BASES = [Case(f"b{i}", tuple(range(10 * i, 10 * i + 200))) for i in range(1, 4)]
@@ -54,17 +55,17 @@ def test_a_base_shorter_than_the_longest_prefix_is_named() -> None:
 
 
 @pytest.mark.parametrize("table, needle", [
-    ({"requests": 64, "pools": 3}, "unknown field"),
+    ({"requests": 64, "pools": 3}, r"\[kv.load\].pools: unknown key 'pools'. Did you mean 'pool_blocks'"),
     ({"max_model_len": 200}, "does not fit max_model_len"),
     ({"pool_blocks": 8}, "cannot hold one request"),
     ({"suffix_tokens": [9, 3]}, "least, most"),
     ({"requests": 32}, "min_in_flight 64 > requests 32"),
-    ({"prefix_tokens": [0, 32]}, "must be int"),
-    ({"timeout_s": 0}, "must be int"),
+    ({"prefix_tokens": [0, 32]}, r"\[kv.load\].prefix_tokens: expected a non-empty list of integers >= 1"),
+    ({"timeout_s": 0}, r"\[kv.load\].timeout_s: expected an integer >= 1, got 0"),
 ])
 def test_the_load_table_is_checked(table: dict[str, Any], needle: str) -> None:
     with pytest.raises(SuiteError, match=needle):
-        LoadSettings.from_table(table, "kv_load.toml [kv.load]", 32)
+        LoadSettings.from_table(table, Where("kv_load.toml", ("kv", "load"), SuiteError), 32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ from harness.models import resolve_model
 from harness.pipeline import run_gate
 from harness.records import iter_record_paths, load_record
 from harness.staleness import Current
+from harness.suites import SuiteError
+from harness.tomlcheck import Where
 from harness.workspace import Workspace
 from tests.unit.features_kit import make_git_workspace
 
@@ -78,12 +80,16 @@ def test_the_localizers_controls_bite(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_suite_can_set_the_bar_and_the_floor() -> None:
-    assert settings(None, "s.toml") == (DEFAULT_BAR, DEFAULT_FLOOR)
-    assert settings({"nmse_bar": 1e-3, "nmse_floor": 1e-9, "auto": False}, "s.toml") == (1e-3, 1e-9)
-    for table, err in (({"nmse_bars": 1}, "unknown key"), ({"nmse_bar": -1}, "nmse_bar: must be a number > 0"),
-                       ({"nmse_floor": 1e-2}, "must be below nmse_bar"), ({"auto": "no"}, "auto: must be")):
-        with pytest.raises(ValueError, match=err):
-            settings(table, "s.toml")
+    top = Where("s.toml", error=SuiteError)
+    assert settings({}, top) == (DEFAULT_BAR, DEFAULT_FLOOR)
+    table = {"nmse_bar": 1e-3, "nmse_floor": 1e-9, "auto": False}
+    assert settings({"localize": table}, top) == (1e-3, 1e-9)
+    for table, err in (({"nmse_bars": 1}, r"s.toml: \[localize\].nmse_bars: unknown key 'nmse_bars'"),
+                       ({"nmse_bar": -1}, r"\[localize\].nmse_bar: expected a number > 0, got -1"),
+                       ({"nmse_floor": 1e-2}, "must be below nmse_bar"),
+                       ({"auto": "no"}, r"\[localize\].auto: expected true or false")):
+        with pytest.raises(SuiteError, match=err):
+            settings({"localize": table}, top)
 
 
 def seed_oracle_cache(ws: Workspace, model_name: str, suite: str) -> None:

@@ -95,7 +95,7 @@ def test_a_typo_in_a_comparator_parameter_is_refused_when_the_suite_loads(tmp_pa
     assert str(p) in msg and "[compare.near_tie]" in msg and "'threshold_nat'" in msg
     assert "Did you mean 'threshold_nats'" in msg
     p.write_text(p.read_text().replace("threshold_nat = 0.3", 'threshold_nats = "half"'))
-    with pytest.raises(SuiteError, match=r"\[compare.near_tie\] threshold_nats: must be a number"):
+    with pytest.raises(SuiteError, match=r"\[compare.near_tie\].threshold_nats: expected a number, got 'half'"):
         load_suite(p)
 
 

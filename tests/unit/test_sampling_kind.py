@@ -119,7 +119,7 @@ def test_the_sampling_table_is_checked_naming_file_table_and_key(tmp_path: Path)
         assert str(p) in str(e.value), e.value
     p.write_text(src.replace("top_p = 0.8\n", "top_pp = 0.8\n", 1))
     with pytest.raises(
-        SuiteError, match=r"\[sampling_gate\]\.settings\[2\]: .*'top_pp'.*Did you mean 'top_p'"
+        SuiteError, match=r"\[sampling_gate\.settings\[2\]\]\.top_pp: unknown key 'top_pp'\. Did you mean 'top_p'"
     ):
         gate_settings(load_suite(p))
     p.write_text(src.replace('id = "k5"\nparam = "top_k"\ntop_k = 5', 'id = "k5"\nparam = "top_k"'))

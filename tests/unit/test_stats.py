@@ -69,7 +69,21 @@ def test_verdicts_on_synthetic_scores(seed: int) -> None:
 def test_bad_parameters_name_the_field() -> None:
     with pytest.raises(StatsError, match="alpha"):
         AccuracyTest(1.0, 10, alpha=0.7)
-    with pytest.raises(StatsError, match=r"\[accuracy\]: missing field 'n'"):
-        AccuracyTest.from_suite({"sigma": 1.0}, "suites/x.toml")
     assert accuracy_verdict([1, 0], [1], AccuracyTest(1.0, 2)).status == "error"
     assert z(0.975) == pytest.approx(1.959964, rel=1e-6)
+
+
+def test_the_accuracy_table_of_a_suite_names_the_file_and_the_key(tmp_path) -> None:  # noqa: ANN001
+    from harness.kinds.ab import _accuracy_plan
+    from harness.suites import SuiteError, load_suite
+    from harness.workspace import REPO_ROOT
+
+    text = (REPO_ROOT / "suites" / "ab_smoke.toml").read_text()
+    p = tmp_path / "ab_smoke.toml"
+    assert _accuracy_plan(load_suite(REPO_ROOT / "suites" / "ab_smoke.toml"))["n"] == 1000
+    for old, new, err in (("n = 1000\n", "", r"ab_smoke.toml: \[accuracy\].n: missing \(expected an integer >= 1\)"),
+                          ("alpha = 0.05", "alpha = 0.7", r"ab_smoke.toml: accuracy: alpha must be in \(0, 0.5\], got 0.7"),
+                          ("n = 1000", "nn = 1000", r"\[accuracy\].nn: unknown key 'nn'. Did you mean 'n'")):
+        p.write_text(text.replace(old, new, 1))
+        with pytest.raises(SuiteError, match=err):
+            _accuracy_plan(load_suite(p))

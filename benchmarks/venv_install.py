@@ -70,6 +70,12 @@ def disk(path: Path) -> int:
     return int(out[0]) if out else 0
 
 
+def disk_union(paths: list[Path]) -> int:
+    """Bytes on disk under all of ``paths`` together, each hard-linked file counted once."""
+    out = subprocess.run(["du", "-sbc", *map(str, paths)], capture_output=True, text=True).stdout.split()
+    return int(out[-2]) if len(out) >= 2 else 0
+
+
 def clone(scratch: Path, name: str) -> Path:
     where = scratch / name
     subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
@@ -100,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     a.scratch.mkdir(parents=True, exist_ok=True)
     runs: dict = {}
     pip_co, uv_co, again_co = (clone(a.scratch, n) for n in ("oracle-pip", "oracle-uv", "oracle-uv-again"))
+    runs["cloned"] = subprocess.run(
+        ["git", "-C", str(uv_co), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     # uv first: the wheels it reads are not yet in the page cache; pip reads them warm.
     t_uv = timed(["make", "venv"], a.scratch / "oracle-uv.log", uv_co)
     t_again = timed(["make", "venv"], a.scratch / "oracle-uv-again.log", again_co)
@@ -168,15 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         figures.append(Figure("venv.release_uv", t_rel_uv, "s", better="lower", params=params))
-    together = subprocess.run(
-        ["du", "-sbc", str(cache), str(uv_co / ".venv"), str(again_co / ".venv"), str(rel_uv)],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    runs["uv_cache"] = {
-        "path": str(cache),
-        "bytes": disk(cache),
-        "with_uv_venvs_bytes": int(together[-2]) if len(together) >= 2 else None,
+    # du counts a hard-linked file once: the union is what the venvs hold on disk together, the
+    # cache entries they link included (the cache may hold more: other checkouts, other releases)
+    uv_venvs = [uv_co / ".venv", again_co / ".venv", rel_uv]
+    runs["uv_cache"] = {"path": str(cache), "bytes": disk(cache)}
+    runs["disk_union_bytes"] = {
+        "uv_venvs": disk_union(uv_venvs),
+        "pip_venvs": disk_union(
+            [
+                pip_co / ".venv",
+                *([Path(runs["release"]["pip_stamp"]["path"])] if "pip_stamp" in runs["release"] else []),
+            ]
+        ),
     }
     rec = bench_record(figures, runs, {}, ROOT)
     rec["device"]["source"] = "benchmarks/venv_install.py"

@@ -252,7 +252,7 @@ def installer_for(python: Path, run: Run, want: str | None = None, uv: Path | No
     if want not in INSTALLERS:
         raise InstallError(f"HARNESS_INSTALLER={want!r}: expected one of {', '.join(INSTALLERS)}")
     if want == "pip":
-        return Installer(python, run, note="pip asked for (HARNESS_INSTALLER=pip)")
+        return Installer(python, run, note="pip asked for (make venv INSTALLER=pip, HARNESS_INSTALLER=pip)")
     uv = uv or find_uv(python)
     if uv is None:
         return Installer(python, run, note=f"no uv found (beside {python} nor on PATH)")

@@ -155,3 +155,21 @@ def test_pip_installs_when_asked_or_when_a_pip_setting_has_no_uv_equivalent(tmp_
     assert _probe(inst.python) == "1.0" and odd.stamp()["installer"].startswith("pip ")
     with pytest.raises(InstallError, match="HARNESS_INSTALLER='conda'"):
         installer_for(inst.python, run, want="conda")
+
+
+def test_make_venvs_entry_point_fills_the_venv_and_writes_a_stamp_naming_the_installer(tmp_path: Path) -> None:
+    """``python -m harness.installer`` as the Makefile runs it (pip here: uv's bootstrap needs the
+    package index), removals included; the stamp is JSON, written last."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    wheel = _wheel(tmp_path)
+    stamp = venv / ".installed"
+    res = subprocess.run([str(venv / "bin/python"), "-m", "harness.installer", "--venv", str(venv), "--installer",
+                          "pip", "--stamp", str(stamp), "--remove", "harness-probe-absent", "--",
+                          "--no-index", str(wheel)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = json.loads(stamp.read_text())
+    assert got["installer"].startswith("pip ") and "INSTALLER=pip" in got["installer_note"]
+    assert got["requirements"] == ["--no-index", str(wheel)] and got["install_s"] > 0
+    assert _probe(venv / "bin/python") == "1.0"
+    assert "filled" in res.stdout

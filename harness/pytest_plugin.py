@@ -10,8 +10,8 @@ explanation when the outcome is not ``pass``. ``--parity-root`` points at a harn
 (suites/, goldens/, models/, reports/); the default is the installed harness's repository.
 
 Every session counts the engines it starts (:mod:`harness.engines.ledger`): ``$HARNESS_ENGINE_LEDGER``
-points at a file for the session (unless already set), and the terminal summary ends with the count,
-the seconds spent starting them and which test files paid for them.
+points at a file for the session (unless already set), and the terminal summary ends with the count
+(``engine starts: 0`` included), the seconds spent starting them and which test files paid for them.
 
 ``pytest --harness-matrix fleet.toml [--harness-shard I/N] [--harness-device cpu|cuda|all]`` makes
 every entry of the matrix file (of this machine's device kind, of shard I of N) one pytest item:
@@ -92,7 +92,14 @@ def _workspace(config: pytest.Config) -> Workspace:
     return Workspace(Path(root).resolve()) if root else Workspace.default()
 
 
-LEDGER = pytest.StashKey[str]()
+LEDGER = pytest.StashKey[str]()  # the session's ledger file
+OWN_LEDGER = pytest.StashKey[bool]()  # made for this session (deleted at its end), not named by a caller
+
+
+def session_ledger(config: pytest.Config) -> str | None:
+    """The session's engine-start ledger file: what ``$HARNESS_ENGINE_LEDGER`` named when the session
+    began (a test may point the variable elsewhere for a while)."""
+    return config.stash.get(LEDGER, None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -100,7 +107,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get(ledger.ENV) and not hasattr(config, "workerinput"):  # xdist workers inherit it
         fd, path = tempfile.mkstemp(prefix="harness-engine-starts-", suffix=".jsonl")
         os.close(fd)
-        os.environ[ledger.ENV] = config.stash[LEDGER] = path
+        os.environ[ledger.ENV] = path
+        config.stash[OWN_LEDGER] = True
+    if os.environ.get(ledger.ENV):
+        config.stash[LEDGER] = os.environ[ledger.ENV]
     name = config.getoption("--harness-matrix")
     if not name:
         return
@@ -119,17 +129,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    path = os.environ.get(ledger.ENV)
-    lines = ledger.summary(ledger.read(path)) if path else []
-    if lines:
-        terminalreporter.section("engine starts")
-        for line in lines:
-            terminalreporter.write_line(line)
+    path = session_ledger(config)
+    if not path:
+        return
+    terminalreporter.section("engine starts")
+    for line in ledger.summary(ledger.read(path)):
+        terminalreporter.write_line(line)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    path = config.stash.get(LEDGER, None)
-    if path is not None:  # the session's own ledger file (not one a caller named)
+    path = session_ledger(config)
+    if path is not None and config.stash.get(OWN_LEDGER, False):  # not a file a caller named
         os.environ.pop(ledger.ENV, None)
         try:
             os.unlink(path)

@@ -73,12 +73,11 @@ def totals(lines: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def summary(lines: Iterable[Mapping[str, Any]]) -> list[str]:
-    """Lines for the end of a test run; empty when no engine started."""
+    """Lines for the end of a test run: the count first, ``engine starts: 0`` too (the unit tier
+    says so), then the files that paid."""
     t = totals(lines)
-    if not t["starts"] and not t["reused"]:
-        return []
     kinds = ", ".join(f"{k} {n}" for k, n in t["by_kind"].items())
-    out = [f"engine starts: {t['starts']} ({kinds}), {t['start_s']:.0f} s starting; "
+    out = [f"engine starts: {t['starts']}{f' ({kinds})' if kinds else ''}, {t['start_s']:.0f} s starting; "
            f"{t['reused']} served by a live engine; {t['failed']} refused or failed at start"]
     out += [f"  {n:3d} starts {s:7.0f} s  {f}" for f, (n, s) in t["by_file"].items()]
     return out

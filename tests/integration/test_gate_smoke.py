@@ -26,6 +26,7 @@ from harness.models import resolve_model
 from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.workspace import REPO_ROOT, Workspace
+from tests.pins import PIN
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +55,7 @@ def test_fresh_oracle_recording_reproduces_the_committed_goldens_and_hf_passes(
     fresh = read_golden(folder, model_name="tiny-llama", suite_name="smoke")
     committed = read_golden(golden_dir(Workspace(REPO_ROOT).goldens, model, "smoke"),
                             model_name="tiny-llama", suite_name="smoke")
-    assert fresh.manifest["oracle"]["version"] == "0.32.0"
+    assert fresh.manifest["oracle"]["version"] == PIN.version
     assert fresh.device_class == device_class(fingerprint(), "cpu"), fresh.manifest["device"]
     assert fresh.manifest["device"]["fingerprint"]["vllm"]["kernel_library_from"].startswith("observed")
     _reproduces(committed, fresh)
@@ -108,7 +109,7 @@ def test_vllm_candidate_passes_its_own_goldens_strictly(workspace: Workspace) ->
     rec = run_gate(workspace, "tiny-llama", "smoke", "vllm", auto_record=False).record
     assert rec.outcome == "pass"
     assert all(v.status == "pass" for v in rec.verdicts if v.comparator == "strict"), rec.summary
-    assert rec.candidate.version == "0.32.0"
+    assert rec.candidate.version == PIN.version
     # the session's engine pool may have started this engine for an earlier test (the record says so)
     assert rec.timings.get("candidate_engine_reused") == 1.0 or (
         rec.timings["candidate_engine_start_s"] > rec.timings["candidate_generate_s"])

@@ -3,7 +3,7 @@ tiny-llama on the pin's predecessor (producer, fresh consumer and refusal probe 
 venv; three engine starts, plus the venv's install the first time: ≈2-3 min, 3.3 GiB).
 
 Opt-in (``pytest -m kv_matrix`` with ``HARNESS_KV_MATRIX_TEST=1``): the full matrix across
-0.26.0-0.32.0 is run by hand and its records are committed; see docs/kv-roundtrip.md "On every
+0.26.0 up to the pin is run by hand and its records are committed; see docs/kv-roundtrip.md "On every
 vLLM release".
 """
 

@@ -20,6 +20,7 @@ from harness.kv.pages import prefix_keys
 from harness.pipeline import GateResult, run_gate
 from harness.records import load_record
 from harness.workspace import REPO_ROOT, Workspace
+from tests.pins import PIN
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,8 @@ def test_every_restored_page_is_byte_equal_and_the_gate_passes(kv_run) -> None: 
     res, _ = kv_run
     rec = res.record
     assert rec.outcome == "pass", rec.summary
-    assert rec.kind == "kv_roundtrip" and rec.candidate.engine == "vllm" and rec.candidate.version == "0.32.0"
+    assert rec.kind == "kv_roundtrip" and rec.candidate.engine == "vllm"
+    assert rec.candidate.version == PIN.version
     assert rec.summary.startswith(
         "kv-roundtrip: 24/24 pages byte-equal across 2 layers, 0 missing, 0 extra")
     assert all(v.status == "pass" for v in by(res, "byte_equal").values())

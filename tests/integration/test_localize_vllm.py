@@ -24,6 +24,7 @@ from harness.models import resolve_model
 from harness.pipeline import run_gate
 from harness.records import iter_record_paths, load_record
 from harness.workspace import Workspace
+from tests.pins import PIN
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,7 @@ def test_a_planted_layer_is_localized_against_vllms_own_tensors(
         assert v.evidence["parts_at"] == "layer.1.mlp" and v.evidence["before_max"] <= AGREE, v.detail
         assert f"{v.case_id}: parts at layer 1 mlp" in out
     assert {v.evidence["oracle_from"] for v in loc.verdicts} == {"engine"}
-    assert loc.extra["localize"]["oracle_capture"]["version"] == "0.32.0"
+    assert loc.extra["localize"]["oracle_capture"]["version"] == PIN.version
     assert all(c.ok for c in loc.controls)
 
     # the unperturbed model, every case over its whole golden sequence: vLLM's cached tensors

@@ -18,6 +18,7 @@ from harness.models import resolve_model
 from harness.pipeline import run_gate
 from harness.records import load_record
 from harness.workspace import Workspace
+from tests.pins import PIN
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ def test_a_real_vllm_server_gives_the_offline_verdicts_and_is_stopped(workspace:
     statuses = {(v.comparator, v.case_id): v.status for v in rec.verdicts}
     assert statuses == {(v.comparator, v.case_id): v.status for v in offline.verdicts}, rec.summary
     assert rec.outcome == "pass"
-    assert rec.candidate.engine == "vllm" and rec.candidate.version == "0.32.0"
+    assert rec.candidate.engine == "vllm" and rec.candidate.version == PIN.version
     assert "127.0.0.1" in rec.candidate.environment["base_url"]
     caps = rec.extra["capabilities"]
     assert caps["token_ids"] and caps["top_logprobs"] and caps["logprobs_served"] == 5

@@ -12,6 +12,7 @@ from typing import Any
 from harness.api import EngineInfo, Verdict
 from harness.records import Control, Record, new_record_id, write_record
 from harness.workspace import REPO_ROOT, Workspace
+from tests.pins import PIN
 
 CASES = tuple(f"c0{i}" for i in range(1, 9))
 
@@ -102,7 +103,7 @@ def make_record(ws: Workspace, *, candidate: str = "hf", created: str = "2026-11
         model={"name": "tiny-llama", "digest": manifest["model"]["digest"],
                "architecture": "LlamaForCausalLM", "attention": "full attention, MQA 2q/1kv"},
         suite={"name": "smoke", "version": manifest["suite"]["version"], "digest": "x"},
-        oracle={"engine": "vllm", "version": "0.32.0", "pin": pin or manifest["oracle"]["pin"],
+        oracle={"engine": "vllm", "version": PIN.version, "pin": pin or manifest["oracle"]["pin"],
                 "golden_files": manifest["files"], "golden_created": manifest["created"],
                 "settings": manifest["oracle"]["settings"]},
         candidate=EngineInfo(candidate, "cpp" if candidate == "cpp" else "transformers", "1.0",

@@ -22,6 +22,7 @@ from harness.models import resolve_model
 from harness.records import load_record
 from harness.staleness import Current
 from harness.workspace import Workspace
+from tests.pins import EARLIER, PIN
 
 from .features_kit import commit, make_git_workspace
 
@@ -152,7 +153,7 @@ def test_the_bisect_record_goes_stale_with_its_goldens_and_is_never_a_cell(ws: W
     rec = load_record(done.path)
     assert staleness(rec, Current.of(ws)) == []
     pin = ws.root / "requirements" / "oracle.txt"
-    pin.write_text(pin.read_text().replace("0.32.0", "0.31.0"))
+    pin.write_text(pin.read_text().replace(PIN.version, EARLIER))
     assert any("goldens predate the pin" in w for w in staleness(rec, Current.of(ws)))
     g = generate(ws)
     cited = {c.record for c in g.table.cells.values()}

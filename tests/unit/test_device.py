@@ -29,6 +29,7 @@ from harness.device import (
 )
 from harness.device_emulation import steer_cpu_isa, steering_env
 from harness.device_hook.sitecustomize import steer
+from tests.pins import PIN
 
 _X86 = """processor\t: 0
 vendor_id\t: {vendor}
@@ -258,7 +259,7 @@ def test_an_engine_child_is_fingerprinted_with_its_own_steering_and_report() -> 
     if host["cpu"]["arch"] != "x86_64" or "avx512f" not in host["cpu"]["flags"]:
         pytest.skip("needs an AVX-512 x86 CPU to steer down from")
     env = {CPU_ISA_ENV: "avx2", **steering_env("avx2", {})}
-    meta = {"version": "0.32.0", "kernel": {"kernel_libraries": ["_C_AVX2"], "cpu_capability": "AVX2",
+    meta = {"version": PIN.version, "kernel": {"kernel_libraries": ["_C_AVX2"], "cpu_capability": "AVX2",
                                             "cpu_probes": {"avx512": False}}}
     fp = engine_fingerprint(meta, env)
     assert device_class(fp, "cpu") == "cpu-x86_64-avx2"

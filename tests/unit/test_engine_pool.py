@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -138,7 +139,8 @@ def test_the_summary_names_the_files_that_paid(tmp_path: Path) -> None:
     assert out[0].startswith("engine starts: 3 (kv-phase 1, vllm 2), 90 s starting; 1 served by a live engine; "
                              "1 refused or failed")
     assert any("test_a.py" in x and "1 starts" in x for x in out)
-    assert ledger.summary([]) == []
+    assert ledger.summary([]) == ["engine starts: 0, 0 s starting; 0 served by a live engine; "
+                                  "0 refused or failed at start"]
 
 
 def test_ledger_lines_from_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,6 +156,36 @@ def test_ledger_lines_from_several_processes(tmp_path: Path, monkeypatch: pytest
     path.write_text(path.read_text() + '{"torn')  # a killed writer's last line
     assert len(ledger.read(path)) == 5
     assert json.loads(path.read_text().splitlines()[0])["kind"] == "vllm"
+
+
+PAYS = """
+import subprocess, sys
+
+def test_an_engine_start():  # the start is written by a child process, as the vLLM worker writes it
+    code = "from harness.engines import ledger; ledger.record('vllm', 'tiny-llama', 42.0)"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+def test_no_engine():
+    assert True
+"""
+
+
+def test_a_unit_test_that_starts_an_engine_fails_and_the_run_counts_it(tmp_path: Path) -> None:
+    """The unit tier is enforced: tests/unit/conftest.py fails a test the ledger says started an engine
+    (here in a pytest run of its own, with this repository's tests/unit/conftest.py)."""
+    unit = tmp_path / "tests" / "unit"
+    unit.mkdir(parents=True)
+    (unit / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (unit / "test_pays.py").write_text(PAYS)
+    env = {k: v for k, v in os.environ.items() if k != ledger.ENV and not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parents[2]), env.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "1 failed, 1 passed" in r.stdout, r.stdout
+    assert ("tests/unit/test_pays.py::test_an_engine_start ran an engine (vllm tiny-llama): tests/unit starts "
+            "none; move the test to tests/integration/") in r.stdout, r.stdout
+    assert "engine starts: 1 (vllm 1), 42 s starting" in r.stdout, r.stdout
 
 
 def test_the_pool_size_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

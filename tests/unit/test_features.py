@@ -12,6 +12,7 @@ from harness.cli import main
 from harness.features import CatalogError, check_citations, generate, history, load_catalog, write_pages
 from harness.records import Control
 from harness.workspace import Workspace
+from tests.pins import PIN
 from tests.unit.features_kit import CATALOG, make_git_workspace, make_record
 
 
@@ -216,10 +217,10 @@ def test_supported_models_lists_verified_and_not_verified(ws: Workspace) -> None
     make_record(ws, candidate="cpp", candidate_sha="ab" * 20, created="2026-11-30T02:00:00Z")
     s = generate(ws).supported
     verified = s.split("## Verified models")[1].split("## Settings per model")[0]
-    assert "| tiny-llama | LlamaForCausalLM | full attention, MQA 2q/1kv | — | 0.32.0 | — | smoke v1 | " \
+    assert f"| tiny-llama | LlamaForCausalLM | full attention, MQA 2q/1kv | — | {PIN.version} | — | smoke v1 | " \
         "hf (transformers 1.0) |" in verified
     settings = s.split("## Settings per model")[1].split("## Not verified")[0]
-    assert "| tiny-llama | smoke | 0.32.0 | 32 | — | float32 | hf |" in settings
+    assert f"| tiny-llama | smoke | {PIN.version} | 32 | — | float32 | hf |" in settings
     not_verified = s.split("## Not verified")[1].split("## Refused")[0]
     assert "| tiny-llama | smoke | cpp | ⌛ |" in not_verified and "cannot be checked" in not_verified
 

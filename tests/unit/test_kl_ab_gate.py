@@ -13,6 +13,7 @@ from harness.report import ab_lines
 from harness.suites import find_suite
 from harness.synthetic import drifting_pair, output_from_logits
 from harness.workspace import REPO_ROOT, Workspace
+from tests.pins import PIN
 
 VOCAB = 64
 SUITE = """name = "ab_unit"
@@ -105,7 +106,7 @@ def test_a_growing_error_fails_the_drift_gate(ws: Workspace) -> None:
 
 def test_a_refused_arm_gives_a_refused_record_with_the_reason(ws: Workspace) -> None:
     a, _ = synthetic_arms(ws, noise=0.0)
-    b = Arm("vllm:kv_cache_dtype=fp8", EngineInfo("vllm", "vllm", "0.32.0"),
+    b = Arm("vllm:kv_cache_dtype=fp8", EngineInfo("vllm", "vllm", PIN.version),
             refused="ValueError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX")
     rec = run_ab(ws, "tiny-llama", "ab_unit", a.spec, b.spec, arms=(a, b), write=False).record
     assert rec.outcome == "refused"

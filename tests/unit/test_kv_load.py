@@ -20,6 +20,7 @@ from harness.kv.passes import Phase
 from harness.kv.settings import LoadSettings
 from harness.suites import SuiteError
 from harness.tomlcheck import Where
+from tests.pins import PIN
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 BASES = [Case(f"b{i}", tuple(range(10 * i, 10 * i + 200))) for i in range(1, 4)]
@@ -117,9 +118,9 @@ def run(tmp_path: Path, *, restored_flip: bool = False, external: int = 64, unde
     (cons_dir / "planted-flip.json").write_text(json.dumps(
         {"kind": "flip", "layer": LAYERS[1], "start": 32, "end": 64, "offset": 9, "lane": "flip"}))
     toks = [5, 6, 7, 8]
-    prod = Phase("producer", True, "", "0.32.0", {}, (row("alone", "clean", toks),), read_capture(prod_dir),
+    prod = Phase("producer", True, "", PIN.version, {}, (row("alone", "clean", toks),), read_capture(prod_dir),
                  tmp_path / "p.log")
-    cons = Phase("consumer", True, "", "0.32.0", {}, (row("load", "clean", under or toks),
+    cons = Phase("consumer", True, "", PIN.version, {}, (row("load", "clean", under or toks),
                                                       row("ref", "ref", toks, ref_lp)),
                  read_capture(cons_dir), tmp_path / "c.log", observed=observed)
     return judge_load([REQ], [REQ], prod, cons, LoadSettings(min_in_flight=64), "kv_load")

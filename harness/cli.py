@@ -12,19 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.api import EngineRefused
-from harness.bisect.command import SUBCOMMANDS as BISECT_SUBCOMMANDS
+from harness.commands import SUBCOMMANDS
+from harness.commands.localize import after_gate
 from harness.console import stderr as err
 from harness.console import stdout as console
 from harness.engines.venvs import VenvError
-from harness.fleet.command import SUBCOMMANDS as FLEET_SUBCOMMANDS
 from harness.goldens import GoldenError
-from harness.localize.cli import SUBCOMMANDS as LOCALIZE_SUBCOMMANDS
-from harness.localize.cli import after_gate
 from harness.models.built import ModelBuildError
 from harness.records import RecordError
 from harness.registry import Registry, UnknownName
-from harness.repin.command import SUBCOMMANDS as REPIN_SUBCOMMANDS
-from harness.sampling.command import SUBCOMMANDS as SAMPLING_SUBCOMMANDS
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
@@ -372,9 +368,9 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
-# Subcommands that live in their own modules: each declares (name, help, arguments, function).
-for _name, _help, _args, _fn in (*LOCALIZE_SUBCOMMANDS, *BISECT_SUBCOMMANDS, *REPIN_SUBCOMMANDS,
-                                 *SAMPLING_SUBCOMMANDS, *FLEET_SUBCOMMANDS):
+# Subcommands that live in their own modules (harness/commands/): each declares (name, help,
+# arguments, function).
+for _name, _help, _args, _fn in SUBCOMMANDS:
     command(_name, _help, _args)(_fn)
 
 

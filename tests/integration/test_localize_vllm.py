@@ -17,8 +17,8 @@ import os
 import pytest
 
 from harness.cli import main
+from harness.commands.localize import localize
 from harness.kinds.localize import divergences
-from harness.localize.cli import localize
 from harness.localize.plant import plant
 from harness.models import resolve_model
 from harness.pipeline import run_gate
@@ -64,7 +64,7 @@ def test_a_planted_layer_is_localized_against_vllms_own_tensors(
                     reason="starts vLLM three more times and builds smollm2-135m; set "
                            "HARNESS_LOCALIZE_SWEEP=1 and select -m localize_sweep")
 def test_vllm_weights_and_a_deep_layer_of_smollm2_are_localized(workspace: Workspace) -> None:
-    from harness.localize.sweep import sweep
+    from harness.commands.localize_sweep import sweep
 
     points = sweep(workspace, "tiny-llama", ["vllm"], [0], ["mlp"], [1e-1])
     points += sweep(workspace, "smollm2-135m", ["hf"], [24], ["mlp"], [1e-1])

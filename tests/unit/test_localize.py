@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.commands.localize import localize
 from harness.engines import make_runner
 from harness.goldens import golden_dir, read_golden
 from harness.kinds.localize import Localize, divergences, targets_of
-from harness.localize.cli import localize
 from harness.localize.oracle import cache_path, golden_sequence, read_cached, write_cached
 from harness.localize.plant import plant
 from harness.localize.profile import (

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.commands.localize import localize
 from harness.kinds.localize import KEY, divergences
-from harness.localize.cli import localize
 from harness.localize.plant import plant
 from harness.models import resolve_model
 from harness.pipeline import run_gate

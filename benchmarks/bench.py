@@ -97,8 +97,8 @@ def part_kv(quick: bool) -> tuple[list[Figure], dict]:
     from harness.compare.byte_equal import judge_page
     from harness.kv.bench import throughput
     from harness.kv.digest import HOST, digest_bytes
-    from harness.kv.evidence import MemoryPage
-    from harness.kv.pages import PageRef
+    from harness.page_evidence import MemoryPage
+    from harness.pages import PageRef
 
     figs, runs = [], {}
     rng = np.random.default_rng(1)

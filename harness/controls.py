@@ -34,7 +34,7 @@ from harness.compare.full import FULL_MASS_TOL, row_lse
 from harness.compare.planting import top_rows
 from harness.compare.unit import ControlSet, Mutation, Needs, Planted, PlantedEvidence
 from harness.excerpt import NOTE, clip
-from harness.kv.evidence import CaptureError
+from harness.page_evidence import CaptureError
 from harness.records import GOLDEN_CHECK, Control
 
 

@@ -346,8 +346,8 @@ def test_token_mutations_change_the_text_too_so_text_only_strict_is_guarded() ->
 def evidence(n: int = 4, size: int = 64, pages: list[bytes] | None = None):  # noqa: ANN201
     """One case's KV evidence: ``n`` pages written (and restored as written), chunk 32."""
     from harness.kv.digest import digest_bytes
-    from harness.kv.evidence import CaseEvidence, MemoryPage
-    from harness.kv.pages import PageRef
+    from harness.page_evidence import CaseEvidence, MemoryPage
+    from harness.pages import PageRef
 
     rng = np.random.default_rng(0)
     data = pages if pages is not None else [rng.integers(0, 256, size, dtype=np.uint8).tobytes()

@@ -130,11 +130,11 @@ def part_kv(quick: bool) -> tuple[list[Figure], dict]:
 
 
 def part_gate(quick: bool) -> tuple[list[Figure], dict]:
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
     from harness.workspace import Workspace
 
     t0 = time.perf_counter()
-    res = run_gate(Workspace.default(), "tiny-llama", "smoke", "hf", write=False, speed=False)
+    res = run_gate_by_name(Workspace.default(), "tiny-llama", "smoke", "hf", write=False, speed=False)
     wall = time.perf_counter() - t0
     t = dict(res.record.timings)
     r = {"wall_s": wall, "outcome": res.record.outcome, "timings": t}

@@ -63,10 +63,10 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 
 @command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
 def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
     from harness.report import print_record
 
-    res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
+    res = run_gate_by_name(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
                    concurrency=a.concurrency, speed=a.speed, connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
@@ -108,13 +108,13 @@ def _invariance_args(p: argparse.ArgumentParser) -> None:
 @command("invariance", "configurations that must not change one token (bit-exact / near-tie) and "
                        "trainer-vs-rollout logprobs", _invariance_args)
 def cmd_invariance(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
     from harness.report import print_record
 
     opts: dict = {"progress": lambda s: console.print(f"[dim]{s}[/dim]")}
     if a.variants:
         opts["variants"] = [v.strip() for v in a.variants.split(",") if v.strip()]
-    res = run_gate(ws, a.model, a.suite, a.engine, options=opts)
+    res = run_gate_by_name(ws, a.model, a.suite, a.engine, options=opts)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
     return 0 if res.record.outcome == "pass" else 1

@@ -21,7 +21,7 @@ from harness.commands.localize import localize
 from harness.kinds.localize import divergences
 from harness.localize.plant import plant
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import iter_record_paths, load_record
 from harness.workspace import Workspace
 
@@ -50,7 +50,7 @@ def test_a_planted_layer_is_localized_against_vllms_own_tensors(
     assert all(c.ok for c in loc.controls)
 
     # the unperturbed model, every case over its whole golden sequence: vLLM's cached tensors
-    gate = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
+    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
     same = localize(workspace, gate.record, str(gate.path), cases="all").record
     assert len(same.verdicts) == 8 and same.outcome == "pass"
     for v in same.verdicts:

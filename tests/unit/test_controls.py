@@ -20,7 +20,7 @@ from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
 from harness.controls import run_controls
 from harness.features import generate
 from harness.goldens import read_golden
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import GOLDEN_CHECK, UNGUARDED, failed_positive, guard, vacuous_reasons
 from harness.workspace import REPO_ROOT
 from tests.unit.features_kit import commit, make_git_workspace
@@ -297,7 +297,7 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
         "[compare.strict]", "[compare.always_pass]\ngate = true\n\n[compare.strict]", 1))
     commit(ws.root, "gate on a comparator that cannot fail")
 
-    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False,
+    res = run_gate_by_name(ws, "tiny-llama", "smoke", "echo", auto_record=False,
                    runner=EchoRunner(dict(golden().outputs)))
     rec = res.record
     assert all(v.status == "pass" for v in rec.verdicts)  # every verdict passes ...
@@ -315,7 +315,7 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
 
 def test_a_gate_with_real_comparators_records_its_controls(tmp_path: Path) -> None:
     ws = make_git_workspace(tmp_path / "ws", VACUOUS_CATALOG.split("[[sections.rows]]\nid = \"vacuous\"")[0])
-    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False,
+    res = run_gate_by_name(ws, "tiny-llama", "smoke", "echo", auto_record=False,
                    runner=EchoRunner(dict(golden().outputs)))
     assert res.record.outcome == "pass"
     assert {c.comparator for c in res.record.controls} == {"strict", "near_tie", "greedy"}  # greedy: the self-check

@@ -43,7 +43,7 @@ from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, invers
 from harness.invariance.trainer import mode_logprobs
 from harness.kinds import staleness
 from harness.kinds.invariance import Ran
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import guard, load_record, vacuous_reasons
 from harness.staleness import Current
 from harness.suites import SuiteError, load_suite
@@ -461,7 +461,7 @@ def gate(ws: Workspace, ran_of: Callable[[Plan], Ran], **kw: Any):  # noqa: ANN2
     req = GateRequest(resolve_model("tiny-llama", ws), suite, "vllm", options=kw.get("options", {}))
     plan = KINDS.get("invariance").prepare(ws, req).plan
     opts = {**kw.pop("options", {}), "ran": ran_of(plan)}
-    return run_gate(ws, "tiny-llama", suite.name, "vllm", options=opts, **kw)
+    return run_gate_by_name(ws, "tiny-llama", suite.name, "vllm", options=opts, **kw)
 
 
 def test_an_invariance_gate_writes_one_record_of_kind_invariance(inv_ws: Workspace) -> None:
@@ -604,7 +604,7 @@ def test_no_machine_path_reaches_the_record(inv_ws: Workspace) -> None:
 
 def test_only_the_pinned_vllm_is_driven(inv_ws: Workspace) -> None:
     with pytest.raises(SuiteError, match="drives the pinned vLLM"):
-        run_gate(inv_ws, "tiny-llama", "invariance_small", "hf", options={"ran": None}, write=False)
+        run_gate_by_name(inv_ws, "tiny-llama", "invariance_small", "hf", options={"ran": None}, write=False)
 
 
 def test_an_invariance_record_prints_one_line_per_variant(inv_ws: Workspace) -> None:
@@ -627,7 +627,7 @@ def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -
     p.write_text(p.read_text().replace("max_model_len = 224", "max_model_len = 96"))
     with pytest.raises(SuiteError, match=r"\[invariance.preemption\]: engine max_model_len 96 is shorter than "
                                          r"case 'c03'"):
-        run_gate(inv_ws, "tiny-llama", "invariance", "vllm", options={"ran": None}, write=False)
+        run_gate_by_name(inv_ws, "tiny-llama", "invariance", "vllm", options={"ran": None}, write=False)
 
 
 def test_a_start_that_meets_a_busy_machine_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:

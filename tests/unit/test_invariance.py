@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, invers
 from harness.invariance.trainer import mode_logprobs
 from harness.kinds import staleness
 from harness.kinds.invariance import Ran
+from harness.kv.config import store_settings
 from harness.pipeline import run_gate_by_name
 from harness.records import guard, load_record, vacuous_reasons
 from harness.staleness import Current
@@ -342,9 +343,13 @@ def cases_of(suite: str) -> tuple[Case, ...]:
 BASE_SETTINGS = {"dtype": "float32", "block_size": 32, "disable_log_stats": False}
 
 
+def kv_store(base: Mapping[str, Any], chunk: int) -> dict[str, Any]:
+    return store_settings(base, chunk, Path("/tmp/kv"))
+
+
 def test_the_plan_starts_one_engine_per_configuration() -> None:
     s = parse(load_suite(REPO_ROOT / "suites" / "invariance.toml"))
-    plan = make_plan(s, cases_of("invariance"), BASE_SETTINGS, Path("/tmp/kv"))
+    plan = make_plan(s, cases_of("invariance"), BASE_SETTINGS, kv_store)
     keys = [g.key for g in plan.groups]
     assert keys == ["base", "chunked_prefill", "spec_decode", "preemption", "kv_connector", "rl", "server",
                     "inverse"]
@@ -365,7 +370,7 @@ def test_the_plan_starts_one_engine_per_configuration() -> None:
 
 def test_rollouts_in_vllms_default_mode_share_the_reference_engine() -> None:
     s = parse(load_suite(REPO_ROOT / "suites" / "invariance_small.toml"))
-    plan = make_plan(s, cases_of("invariance_small"), BASE_SETTINGS, Path("/tmp/kv"))
+    plan = make_plan(s, cases_of("invariance_small"), BASE_SETTINGS, kv_store)
     assert [g.key for g in plan.groups] == [BASE, INVERSE]  # two engine starts
     assert ROLLOUT in [p.name for p in plan.group(BASE).passes]  # type: ignore[union-attr]
     assert sorted(plan.rollouts) == ["c02#s1", "c02#s2", "p01#s1", "p01#s2"]

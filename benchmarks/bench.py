@@ -97,8 +97,8 @@ def part_kv(quick: bool) -> tuple[list[Figure], dict]:
     from harness.compare.byte_equal import judge_page
     from harness.kv.bench import throughput
     from harness.kv.digest import HOST, digest_bytes
-    from harness.kv.evidence import MemoryPage
-    from harness.kv.pages import PageRef
+    from harness.page_evidence import MemoryPage
+    from harness.pages import PageRef
 
     figs, runs = [], {}
     rng = np.random.default_rng(1)
@@ -130,11 +130,11 @@ def part_kv(quick: bool) -> tuple[list[Figure], dict]:
 
 
 def part_gate(quick: bool) -> tuple[list[Figure], dict]:
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
     from harness.workspace import Workspace
 
     t0 = time.perf_counter()
-    res = run_gate(Workspace.default(), "tiny-llama", "smoke", "hf", write=False, speed=False)
+    res = run_gate_by_name(Workspace.default(), "tiny-llama", "smoke", "hf", write=False, speed=False)
     wall = time.perf_counter() - t0
     t = dict(res.record.timings)
     r = {"wall_s": wall, "outcome": res.record.outcome, "timings": t}

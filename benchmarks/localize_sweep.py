@@ -1,4 +1,4 @@
-"""The planted proof of harness localize, as a sweep (harness/localize/sweep.py): one copy of the
+"""The planted proof of harness localize, as a sweep (harness/commands/localize_sweep.py): one copy of the
 model per (sub-block, layer, size) with that sub-block's output projection perturbed, gated with each
 engine and localized. Writes ordinary records; prints one line per point and a JSON summary.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.localize.sweep import sweep  # noqa: E402
+from harness.commands.localize_sweep import sweep  # noqa: E402
 from harness.workspace import Workspace  # noqa: E402
 
 

@@ -1,10 +1,11 @@
-"""What a candidate engine can return, and which comparators that makes impossible.
+"""What a candidate engine can return (which comparators that makes impossible is
+:mod:`harness.compare.judgeable`).
 
 Python engines return everything. Servers and CLIs differ: some return no token ids (text only),
 some no logprobs, some cap how many. A runner states it in a :class:`Capabilities` (its optional
 ``capabilities`` attribute); the gate then judges what can be judged and the record says which
 comparators were impossible and why, instead of failing a candidate for a question it was never
-able to answer:
+able to answer (:mod:`harness.compare.judgeable`):
 
 * no token ids      -> ``strict`` compares text (see :mod:`harness.compare.strict_text`); every
                        other comparator is impossible;
@@ -18,23 +19,9 @@ A runner also says how it asked (``prompts``: ids or text; ``request``: the samp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-from harness import compare
-from harness.api import Case, Comparator, Verdict
-from harness.compare.strict_text import StrictText
-from harness.compare.unit import LOGPROBS, Need
-from harness.excerpt import first_line
-
-
-def needs(name: str) -> frozenset[Need]:
-    """What comparator ``name`` needs from the *candidate*, as its unit declares it; a name that is
-    not a registered comparator needs everything (skipped as impossible rather than fed half an
-    output)."""
-    found = compare.COMPARATORS.find(name)
-    return found.needs if found is not None else LOGPROBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,18 +67,6 @@ class Capabilities:
             out["top_logprobs"] = self.reasons.get("top_logprobs", "the engine returns no top-k logprobs")
         return out
 
-    def impossible(self, comparators: Iterable[str]) -> dict[str, str]:
-        """comparator -> why it cannot judge this engine (``strict`` falls back to text instead)."""
-        missing = self.missing()
-        out = {}
-        for name in comparators:
-            lacking = [m for m in sorted(needs(name)) if m in missing]
-            if name == "strict" and lacking == ["token_ids"]:
-                continue  # judged on text
-            if lacking:
-                out[name] = "; ".join(missing[m] for m in lacking)
-        return out
-
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "token_ids": self.token_ids, "top_logprobs": self.top_logprobs,
@@ -104,28 +79,3 @@ class Capabilities:
         if self.request or self.left_to_server:
             out.update({"request": dict(self.request), "left_to_server": dict(self.left_to_server)})
         return out
-
-
-def comparator_for(name: str, params: Mapping[str, Any], decode: Callable[[Sequence[int]], str] | None,
-                   capabilities: Capabilities | None) -> Comparator | str:
-    """The comparator to judge with, or the reason it cannot judge this candidate at all."""
-    if capabilities is not None:
-        if (why := capabilities.impossible([name]).get(name)) is not None:
-            return why
-        if name == "strict" and not capabilities.token_ids:
-            return StrictText()
-    return compare.build(name, params, decode)
-
-
-def impossible_verdict(case: Case, comparator: str, why: str) -> Verdict:
-    return Verdict(case.id, comparator, "skip", first_line(f"impossible: {why}"),
-                   detail=f"{case.id}: {comparator} cannot judge this candidate: {why}",
-                   evidence={"impossible": why})
-
-
-def capability_extra(capabilities: Capabilities | None, comparators: Iterable[str]) -> dict[str, Any]:
-    """The record's ``capabilities`` / ``impossible`` entries (nothing for a runner that has none)."""
-    if capabilities is None:
-        return {}
-    return {"capabilities": capabilities.to_json(),
-            "impossible": capabilities.impossible(list(comparators))}

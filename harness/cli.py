@@ -12,20 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.api import EngineRefused
-from harness.bisect.command import SUBCOMMANDS as BISECT_SUBCOMMANDS
+from harness.commands import SUBCOMMANDS
+from harness.commands.localize import after_gate
 from harness.console import error, note, print_table, warning
 from harness.console import stderr as err
 from harness.console import stdout as console
 from harness.engines.venvs import VenvError
-from harness.fleet.command import SUBCOMMANDS as FLEET_SUBCOMMANDS
 from harness.goldens import GoldenError
-from harness.localize.cli import SUBCOMMANDS as LOCALIZE_SUBCOMMANDS
-from harness.localize.cli import after_gate
 from harness.models.built import ModelBuildError
 from harness.records import RecordError
 from harness.registry import Registry, UnknownName
-from harness.repin.command import SUBCOMMANDS as REPIN_SUBCOMMANDS
-from harness.sampling.command import SUBCOMMANDS as SAMPLING_SUBCOMMANDS
 from harness.signals import Terminated
 from harness.steps import interrupted_steps
 from harness.suites import SuiteError
@@ -70,10 +66,10 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
 
 @command("gate", "run a gate: goldens -> candidate -> verdicts -> record", _gate_args)
 def cmd_gate(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
     from harness.report import print_record
 
-    res = run_gate(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
+    res = run_gate_by_name(ws, a.model, a.suite, a.candidate, auto_record=not a.no_record_goldens,
                    concurrency=a.concurrency, speed=a.speed, connector=a.connector)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
@@ -115,13 +111,13 @@ def _invariance_args(p: argparse.ArgumentParser) -> None:
 @command("invariance", "configurations that must not change one token (bit-exact / near-tie) and "
                        "trainer-vs-rollout logprobs", _invariance_args)
 def cmd_invariance(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
     from harness.report import print_record
 
     opts: dict = {"progress": note}
     if a.variants:
         opts["variants"] = [v.strip() for v in a.variants.split(",") if v.strip()]
-    res = run_gate(ws, a.model, a.suite, a.engine, options=opts)
+    res = run_gate_by_name(ws, a.model, a.suite, a.engine, options=opts)
     print_record(res.record, str(res.path.relative_to(ws.root)) if res.path.is_relative_to(ws.root)
                  else str(res.path), console)
     return 0 if res.record.outcome == "pass" else 1
@@ -376,9 +372,9 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
     return 0
 
 
-# Subcommands that live in their own modules: each declares (name, help, arguments, function).
-for _name, _help, _args, _fn in (*LOCALIZE_SUBCOMMANDS, *BISECT_SUBCOMMANDS, *REPIN_SUBCOMMANDS,
-                                 *SAMPLING_SUBCOMMANDS, *FLEET_SUBCOMMANDS):
+# Subcommands that live in their own modules (harness/commands/): each declares (name, help,
+# arguments, function).
+for _name, _help, _args, _fn in SUBCOMMANDS:
     command(_name, _help, _args)(_fn)
 
 

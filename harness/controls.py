@@ -29,12 +29,12 @@ import numpy as np
 
 from harness import compare
 from harness.api import Case, Output, Verdict
-from harness.capabilities import comparator_for
 from harness.compare.full import FULL_MASS_TOL, row_lse
+from harness.compare.judgeable import comparator_for
 from harness.compare.planting import top_rows
 from harness.compare.unit import ControlSet, Mutation, Needs, Planted, PlantedEvidence
 from harness.excerpt import NOTE, clip
-from harness.kv.evidence import CaptureError
+from harness.page_evidence import CaptureError
 from harness.records import GOLDEN_CHECK, Control
 
 
@@ -56,7 +56,7 @@ def suite_controls(suite: Any, golden: Any, decode: Callable[[Sequence[int]], st
     """The controls of every comparator of ``suite`` (a :class:`~harness.suites.Suite`) against
     ``golden`` (a :class:`~harness.goldens.Golden`).
 
-    ``capabilities`` (the candidate's, see :mod:`harness.capabilities`): guard the comparator the
+    ``capabilities`` (the candidate's, see :mod:`harness.compare.judgeable`): guard the comparator the
     gate actually judged with (``strict`` on text for a candidate without ids); a comparator the
     candidate makes impossible judged nothing and gets no controls.
     """

@@ -83,7 +83,7 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
             progress(f"vllm@{v}: KV round trip{f' through {connector}' if connector else ''}")
             t0 = time.perf_counter()
             with step(f"matrix vllm@{v}: {suite_name} on {model_name}") as s:
-                rows.append(_row(v, run_gate(ws, model_name, suite_name, f"vllm@{v}", connector=connector,
+                rows.append(_row(v, run_gate(ws, model, suite, f"vllm@{v}", connector=connector,
                                              auto_record=False), t0))
                 s.note = rows[-1].outcome
             progress(f"vllm@{v}: {rows[-1].outcome} — {rows[-1].summary}")
@@ -110,7 +110,7 @@ def run_matrix(ws: Workspace, model_name: str, suite_name: str, versions: Sequen
         else:
             speed_arg = oracle if oracle is not None else False
         with step(f"matrix vllm@{v}: {suite_name} on {model_name}") as s:
-            res = run_gate(ws, model_name, suite_name, f"vllm@{v}", runner=runner, concurrency=concurrency,
+            res = run_gate(ws, model, suite, f"vllm@{v}", runner=runner, concurrency=concurrency,
                            speed=speed_arg, auto_record=False)
             s.note = res.record.outcome
         if v == pin and runner.facts().speed is not None:

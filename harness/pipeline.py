@@ -1,10 +1,11 @@
 """The pipeline: every gate, whatever its kind, is prepare -> run -> judge -> one record.
 
 ``harness gate`` / ``make gate`` (and ``harness ab``, ``make matrix``, the pytest plugin) call
-:func:`run_gate`. The suite's ``kind`` picks the gate kind (:mod:`harness.kinds`); the kind
-judges; :func:`build_record` — the only place a record is assembled — adds provenance (harness SHA,
-dirty tree, model facts, device, the oracle's or reference's provenance), applies the vacuous-gate
-guard to the outcome, and the record is written with its pictures beside it.
+:func:`run_gate` with a resolved model and suite (:func:`run_gate_by_name` takes names). The
+suite's ``kind`` picks the gate kind (:mod:`harness.kinds`); the kind judges; :func:`build_record`
+— the only place a record is assembled — adds provenance (harness SHA, dirty tree, model facts,
+device, the oracle's or reference's provenance), applies the vacuous-gate guard to the outcome, and
+the record is written with its pictures beside it.
 """
 
 from __future__ import annotations
@@ -157,14 +158,17 @@ def write_with_figures(ws: Workspace, record: Record, j: Judgement) -> Path:
     return path
 
 
-def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | None, *,
+def run_gate(ws: Workspace, model: ModelRef, suite: Suite, candidate: str | None, *,
              reference: str | None = None, connector: str | None = None,
              concurrency: int | None = None, speed: bool | Speed | str = False,
              auto_record: bool = True, transform: Transform | None = None,
              runner: Runner | None = None, write: bool = True,
              options: Mapping[str, Any] | None = None, kind: str | None = None) -> GateResult:
-    """Run one gate of the suite's kind and write its record.
+    """Run one gate of the suite's kind on ``model`` and write its record.
 
+    ``model`` and ``suite`` come resolved (:func:`~harness.models.resolve_model` hashes every weight
+    file): a caller that gates one model many times (a bisect, a matrix, several candidates)
+    resolves it once; :func:`run_gate_by_name` is the entry that takes names.
     ``candidate``: the engine spec under test (None: the kind's default, ``hf`` for parity suites).
     ``reference``: arm A of an A/B suite. ``connector``: a KV connector for KV suites.
     ``concurrency``: requests in flight (None: the engine's default). ``speed``: also time the
@@ -175,8 +179,6 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | N
     the suite's that works on it (``localize``: where a parity gate's candidate parts from the
     oracle, ``options["source"]`` being that gate's record).
     """
-    model = resolve_model(model_name, ws)
-    suite = find_suite(ws.suites, suite_name)
     gate_kind = kind_of(suite, kind)
     candidate = candidate or gate_kind.default_candidate
     if connector and "kv" not in gate_kind.tables:
@@ -192,6 +194,13 @@ def run_gate(ws: Workspace, model_name: str, suite_name: str, candidate: str | N
     return GateResult(record, write_with_figures(ws, record, j) if write else Path(), j)
 
 
+def run_gate_by_name(ws: Workspace, model_name: str, suite_name: str, candidate: str | None,
+                     **kw: Any) -> GateResult:
+    """:func:`run_gate` for names, as the command line and the pytest plugin give them: the model
+    resolved (its files hashed) and the suite found, once."""
+    return run_gate(ws, resolve_model(model_name, ws), find_suite(ws.suites, suite_name), candidate, **kw)
+
+
 def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec: str, *,
            arms: tuple[Any, Any] | None = None, transform_b: Transform | None = None,
            **kw: Any) -> GateResult:
@@ -199,5 +208,5 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
 
     ``arms``: (A, B) :class:`~harness.kinds.ab.Arm` s that already ran (one A serves several Bs);
     ``transform_b`` rewrites B's scores before judging (planted mutations in tests)."""
-    return run_gate(ws, model_name, suite_name, b_spec, reference=a_spec, transform=transform_b,
-                    options={"arms": arms} if arms is not None else None, **kw)
+    return run_gate_by_name(ws, model_name, suite_name, b_spec, reference=a_spec, transform=transform_b,
+                            options={"arms": arms} if arms is not None else None, **kw)

@@ -67,12 +67,12 @@ def parity_workspace(request: pytest.FixtureRequest) -> Workspace:
 
 @pytest.fixture
 def parity_gate(request: pytest.FixtureRequest, parity_workspace: Workspace) -> Callable[..., Record]:
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
 
     auto = not request.config.getoption("--parity-no-record")
 
     def gate(model: str = "tiny-llama", suite: str = "smoke", candidate: str = "hf") -> Record:
-        rec = run_gate(parity_workspace, model, suite, candidate, auto_record=auto).record
+        rec = run_gate_by_name(parity_workspace, model, suite, candidate, auto_record=auto).record
         if rec.outcome != "pass":
             pytest.fail(failure_report(rec), pytrace=False)
         return rec

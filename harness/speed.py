@@ -14,12 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from harness.excerpt import clip
-
-if TYPE_CHECKING:
-    from harness.api import RunFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +103,19 @@ def speed_report(candidate: Speed | None, oracle: Speed | None, oracle_missing: 
     return out
 
 
-def candidate_speed(facts: RunFacts, requests: int, concurrency: int | None) -> Speed | None:
+class Measured(Protocol):
+    """What speed reads of an engine's run: :class:`harness.api.RunFacts` (this module sits below the
+    contracts, which name :class:`Speed`)."""
+
+    @property
+    def speed(self) -> Speed | None: ...
+    @property
+    def timings(self) -> Mapping[str, float]: ...
+    @property
+    def batched(self) -> bool: ...
+
+
+def candidate_speed(facts: Measured, requests: int, concurrency: int | None) -> Speed | None:
     """The engine's own :class:`Speed`, or one built from its ``timings`` (no TTFT then)."""
     if facts.speed is not None:
         return facts.speed
@@ -119,7 +128,7 @@ OracleSpeed = Callable[[int], Speed]
 """Measures the oracle on the same workload at a concurrency (one engine start)."""
 
 
-def speed_extra(facts: RunFacts | None, requests: int, concurrency: int | None,
+def speed_extra(facts: Measured | None, requests: int, concurrency: int | None,
                 oracle: Speed | str | OracleSpeed | None) -> dict[str, Any]:
     """The record's ``speed`` entry: the candidate's, the oracle's, and their ratio.
 

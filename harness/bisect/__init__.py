@@ -11,7 +11,8 @@ steps and their time.
 * :mod:`.verdicts` a record as a verdict table (what "differ" means), and the diff of two;
 * :mod:`.releases` a step = one gate on ``vllm@<release>`` in its venv (shared, created on use);
 * :mod:`.history`  a step = a commit of a ``cmd:`` engine's repository, checked out and built;
-* :mod:`.record`   the ``bisect`` record; :mod:`.command` the ``harness bisect`` subcommand.
+* :mod:`.record`   the ``bisect`` record; the ``harness bisect`` subcommand
+                  is :mod:`harness.commands.bisect`.
 """
 
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from harness.bisect import BisectError
 from harness.bisect.verdicts import Focus, Observation, observe, rel_path, unrun
 from harness.excerpt import NOTE, tail
+from harness.models import ModelRef
+from harness.suites import Suite
 from harness.workspace import Workspace
 
 BUILD_TIMEOUT_S = float(os.environ.get("HARNESS_BISECT_BUILD_TIMEOUT_S", "1800"))
@@ -98,12 +100,11 @@ def build(checkout: Path, command: str, log: Path) -> str | None:
     return f"{why}; log tail: {tail(log.read_text(errors='replace').strip(), LOG_TAIL)!r}"
 
 
-def history_probe(ws: Workspace, model: str, suite: str, repo: Path, candidate: str, *, focus: Focus,
+def history_probe(ws: Workspace, model: ModelRef, suite: Suite, repo: Path, candidate: str, *, focus: Focus,
                   build_cmd: str | None, work: Path,
                   progress: Callable[[str], None] = lambda s: None) -> Callable[[str], Observation]:
     """The probe of one commit (see the module doc); ``work``: the scratch folder of this bisect."""
     from harness.engines.cmd import CmdRunner
-    from harness.models import resolve_model
     from harness.pipeline import run_gate
 
     command = check_candidate(candidate)
@@ -126,7 +127,7 @@ def history_probe(ws: Workspace, model: str, suite: str, repo: Path, candidate: 
             if failed is not None:
                 progress(f"{sha[:10]}: build failed")
                 return unrun(sha, f"cannot build {sha[:10]}: {failed}", time.perf_counter() - t0, facts)
-        runner = CmdRunner(command, resolve_model(model, ws), name=candidate, run_dir=ws.runs, cwd=checkout,
+        runner = CmdRunner(command, model, name=candidate, run_dir=ws.runs, cwd=checkout,
                            sha=sha)
         res = run_gate(ws, model, suite, candidate, runner=runner, auto_record=False,
                        speed="a bisect step is not timed against the oracle")

@@ -26,20 +26,21 @@ from harness.api import Runner
 from harness.bisect.verdicts import Focus, Observation, observe, rel_path, unrun
 from harness.engines.venvs import VenvError, read_venv, remove_venv, venv_dir, venvs_root
 from harness.excerpt import NOTE, first_line
+from harness.models import ModelRef
 from harness.records import Record, RecordError, load_record
+from harness.suites import Suite
 from harness.workspace import REPO_ROOT, Workspace
 
 RunnerFor = Callable[[str], Runner]
 """release -> the engine to gate (parity suites); tests plant one per release."""
 
 
-def current_record(ws: Workspace, model: str, suite: str, version: str, connector: str | None
+def current_record(ws: Workspace, model: ModelRef, suite: Suite, version: str, connector: str | None
                    ) -> tuple[Record, Path] | None:
     """The newest record in the tree of the step ``vllm@<version>`` would run (that model, suite and
     connector, the release's default settings), when it is current: not stale by the rules the pages
     use (its harness SHA in this history and clean, the same goldens, suite version, model, pin)."""
     from harness.kinds import staleness
-    from harness.models import resolve_model
     from harness.pin import oracle_pin
     from harness.staleness import Current
 
@@ -51,7 +52,7 @@ def current_record(ws: Workspace, model: str, suite: str, version: str, connecto
         names = {f"vllm@{version}/{text}"} | ({text} if pinned else set())
     else:
         text, names = None, {f"vllm@{version}"} | ({"vllm"} if pinned else set())
-    folder = ws.records / resolve_model(model, ws).slug / suite
+    folder = ws.records / model.slug / suite.name
     cur, found = Current.of(ws), None
     for path in sorted(folder.glob("*.json")):  # named by creation time: the newest is last
         try:
@@ -66,12 +67,12 @@ def current_record(ws: Workspace, model: str, suite: str, version: str, connecto
     return found
 
 
-def release_probe(ws: Workspace, model: str, suite: str, *, kv: bool, focus: Focus,
+def release_probe(ws: Workspace, model: ModelRef, suite: Suite, *, kv: bool, focus: Focus,
                   connector: str | None = None, concurrency: int | None = None,
                   runner_for: RunnerFor | None = None, remove_venvs: bool = False, reuse: bool = False,
                   installed_only: bool = False,
                   progress: Callable[[str], None] = lambda s: None) -> Callable[[str], Observation]:
-    """The probe of one release (see the module doc)."""
+    """The probe of one release (see the module doc); ``model`` resolved once for every step."""
     from harness.pin import oracle_pin
     from harness.pipeline import run_gate
 
@@ -113,9 +114,8 @@ def release_probe(ws: Workspace, model: str, suite: str, *, kv: bool, focus: Foc
     return probe
 
 
-def _release_runner(ws: Workspace, model: str, version: str, concurrency: int | None) -> Runner:
+def _release_runner(ws: Workspace, model: ModelRef, version: str, concurrency: int | None) -> Runner:
     from harness.engines.vllm_release import VLLMReleaseRunner
-    from harness.models import resolve_model
 
-    return VLLMReleaseRunner(resolve_model(model, ws), version, {}, name=f"vllm@{version}", run_dir=ws.runs,
+    return VLLMReleaseRunner(model, version, {}, name=f"vllm@{version}", run_dir=ws.runs,
                              concurrency=concurrency)

@@ -89,7 +89,7 @@ def bisect_releases(ws: Workspace, model_name: str, suite_name: str, good: str, 
     index = index or release_index(REPO_ROOT, refresh=refresh_index)
     points = index.between(good, bad, with_rebuilds)
     progress(f"{len(points)} {index.package} releases from {good} to {bad} ({index.said()})")
-    probe = release_probe(ws, model_name, suite_name, kv=kv, focus=prepared[3], connector=connector,
+    probe = release_probe(ws, prepared[0], prepared[1], kv=kv, focus=prepared[3], connector=connector,
                           concurrency=concurrency, runner_for=runner_for, remove_venvs=remove_venvs,
                           reuse=reuse, installed_only=installed_only, progress=progress)
     return _finish(ws, prepared, points, probe, over="releases", label=f"vllm@{good}..{bad}{tail}",
@@ -114,7 +114,7 @@ def bisect_history(ws: Workspace, model_name: str, suite_name: str, repo: Path, 
              f"{repo.resolve().name})")
     stamp = now_utc().replace(":", "").replace("-", "")
     work = ws.runs / f"bisect-{stamp}-{secrets.token_hex(3)}"
-    probe = history_probe(ws, model_name, suite_name, repo, candidate, focus=prepared[3], build_cmd=build,
+    probe = history_probe(ws, prepared[0], prepared[1], repo, candidate, focus=prepared[3], build_cmd=build,
                           work=work, progress=progress)
     return _finish(ws, prepared, points, probe, over="history",
                    label=f"{repo.resolve().name}@{points[0][:7]}..{points[-1][:7]}",

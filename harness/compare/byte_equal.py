@@ -8,7 +8,7 @@ the store could not serve because its file is truncated or corrupted, or a captu
 be read back, is an ``error`` naming that page: never a silent pass.
 
 It judges KV pages, not generated tokens: the KV round trip (:mod:`harness.kv.roundtrip`) calls
-:meth:`ByteEqual.judge_kv` with one case's :class:`~harness.kv.evidence.CaseEvidence`.
+:meth:`ByteEqual.judge_kv` with one case's :class:`~harness.page_evidence.CaseEvidence`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, PlantedEvidence, Unit
-from harness.kv.evidence import CaptureError, CaseEvidence, MemoryPage, Page
-from harness.kv.pages import PageRef
+from harness.page_evidence import CaptureError, CaseEvidence, MemoryPage, Page
+from harness.pages import PageRef
 
 SHOW = 8
 """Pages listed per kind in a failure's detail (all of them are in the evidence)."""

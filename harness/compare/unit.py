@@ -122,7 +122,7 @@ class PlantedEvidence:
     """What a mutation made of one case of a KV round trip: the evidence a page comparator judges."""
 
     evidence: Any
-    """A :class:`~harness.kv.evidence.CaseEvidence`."""
+    """A :class:`~harness.page_evidence.CaseEvidence`."""
     note: str = ""
 
 

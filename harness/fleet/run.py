@@ -22,6 +22,7 @@ from harness.fleet.spec import Entry
 from harness.models import resolve_model
 from harness.pipeline import run_ab, run_gate
 from harness.records import Record
+from harness.suites import find_suite
 from harness.workspace import Workspace
 
 RESULTS_DIR = ("reports", "fleet")
@@ -59,14 +60,13 @@ def run_entry(ws: Workspace, entry: Entry, *, auto_record: bool = True) -> Entry
         res = run_ab(ws, entry.model, entry.suite, entry.a, entry.candidate)
         record, path, how = res.record, res.path, Goldens("none (A/B: no goldens)")
     else:
-        slug = resolve_model(entry.model, ws).slug
+        model, suite = resolve_model(entry.model, ws), find_suite(ws.suites, entry.suite)
         candidate = entry.candidate or "vllm"  # a KV round trip drives the pinned vLLM
 
         def gate(auto: bool):  # noqa: ANN202 - harness.pipeline.GateResult
-            return run_gate(ws, entry.model, entry.suite, candidate, auto_record=auto,
-                            connector=entry.connector)
+            return run_gate(ws, model, suite, candidate, auto_record=auto, connector=entry.connector)
 
-        res, how = with_goldens(ws, entry.model, slug, entry.suite, gate, may_record=auto_record)
+        res, how = with_goldens(ws, entry.model, model.slug, entry.suite, gate, may_record=auto_record)
         record, path = res.record, res.path
     out = EntryResult(entry, record, path, time.perf_counter() - t0, how.how, worker_name())
     f = results_file(ws)

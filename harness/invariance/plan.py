@@ -26,9 +26,8 @@ so what one pass leaves in the cache cannot serve another; the evidence checks b
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness.api import Case
@@ -130,10 +129,16 @@ def rollout_key(case_id: str, seed: int) -> str:
     return f"{case_id}#s{seed}"
 
 
+KVStore = Callable[[Mapping[str, Any], int], dict[str, Any]]
+"""(base configuration, chunk size) -> that configuration with the harness KV store as producer and
+consumer at once (:func:`harness.kv.config.store_settings`; the gate kind binds the store's folder,
+so this package never imports :mod:`harness.kv`, which uses it)."""
+
+
 def make_plan(s: InvarianceSettings, cases: Sequence[Case], base: Mapping[str, Any],
-              store: Path) -> Plan:
+              kv_store: KVStore) -> Plan:
     """The engine starts of a run. ``base``: the reference configuration's ``LLM`` kwargs;
-    ``store``: where the KV connector variant keeps its pages."""
+    ``kv_store``: the KV connector variant's configuration."""
     names = {v.name for v in s.variants}
     main = tuple(Request(c.id, c.prompt_ids) for c in cases)
     donors_of = shared_groups(cases)
@@ -185,7 +190,7 @@ def make_plan(s: InvarianceSettings, cases: Sequence[Case], base: Mapping[str, A
             groups.append(Group(n, {**base, **v.engine}, (Pass(TOGETHER, main),), (n,)))
     kv = s.variant("kv_connector")
     if kv is not None:
-        groups.append(Group("kv_connector", kv_settings(base, int(kv.params["chunk_size"]), store),
+        groups.append(Group("kv_connector", kv_store(base, int(kv.params["chunk_size"])),
                             kv_passes(cases), ("kv_connector",)))
     if s.rl is not None and rl_pass is not None and rl_pass not in base_passes:
         groups.append(Group(RL_GROUP, {**base, "logprobs_mode": s.rl.logprobs_mode}, (rl_pass,), ("rl",)))
@@ -200,19 +205,6 @@ def make_plan(s: InvarianceSettings, cases: Sequence[Case], base: Mapping[str, A
         groups.append(Group(INVERSE, {**base, **s.inverse}, (Pass(TOGETHER, main, score_from=score),),
                             tuple(v.name for v in s.variants)))
     return Plan(tuple(cases), tuple(groups), rollouts, donors_of)
-
-
-def kv_settings(base: Mapping[str, Any], chunk_size: int, store: Path) -> dict[str, Any]:
-    """The base configuration with the harness KV store as producer and consumer at once."""
-    from harness.kv.config import STORE_CLASS, STORE_MODULE
-
-    return {**base, "enable_prefix_caching": False,  # every cached token must come through the connector
-            "kv_transfer_config": {
-                "kv_connector": STORE_CLASS, "kv_connector_module_path": STORE_MODULE,
-                "kv_role": "kv_both", "kv_load_failure_policy": "fail",
-                "kv_connector_extra_config": {"harness": {
-                    "capture_dir": str(store.parent / "capture"), "chunk_size": chunk_size,
-                    "lanes": {"clean": {"root": str(store)}}}}}}
 
 
 def kv_passes(cases: Sequence[Case]) -> tuple[Pass, ...]:

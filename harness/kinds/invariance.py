@@ -44,6 +44,7 @@ from harness.invariance.tiers import (
 )
 from harness.invariance.trainer import describe, transform
 from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kv.config import store_settings
 from harness.provenance import now_utc
 from harness.records import Control
 from harness.staleness import invariance_reasons
@@ -113,7 +114,8 @@ class Invariance:
                 raise SuiteError(f"{req.suite.path} [invariance.{v.name}]: engine max_model_len {limit} is "
                                  f"shorter than case {long[0].id!r} ({len(long[0].prompt_ids)} prompt "
                                  f"tokens + max_tokens {n_gen})")
-        plan = make_plan(s, cases, base, run_dir / "kv-store")
+        store = run_dir / "kv-store"
+        plan = make_plan(s, cases, base, lambda settings, chunk: store_settings(settings, chunk, store))
         return Prepared(s, plan, base, run_dir)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Ran:

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Status, Verdict, failure_verdicts
-from harness.capabilities import Capabilities, capability_extra, comparator_for, impossible_verdict
+from harness.capabilities import Capabilities
 from harness.checks import candidate_checks, check_controls, check_gates, checks_summary
+from harness.compare.judgeable import capability_extra, comparator_for, impossible_verdict
 from harness.controls import suite_controls
 from harness.distribution import Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner

@@ -2,7 +2,8 @@
 
 Read in this order:
 
-* ``pages.py``     page identity (a hash of the token prefix, never a block id), the hit rule
+* :mod:`harness.pages` (below this package: the comparators use it too) page identity (a hash
+                   of the token prefix, never a block id), the hit rule
 * ``digest.py``    page digests in plain torch integer ops: on the GPU for a GPU cache
 * ``store.py``     the harness's chunk store, every page verified on read; ``faults.py`` its
                    planted-fault doubles (flip one byte, drop one page)
@@ -16,7 +17,8 @@ Read in this order:
 * ``passes.py``    the passes each phase runs, and the phase's process seen from the host
 * ``roundtrip.py`` producer -> fresh consumer -> evidence -> verdicts, controls and figures
 * ``judge.py``     captures -> evidence, verdicts, controls, figures; ``refusal.py`` the probe's
-* ``evidence.py``  what the comparators judge (``harness.compare.byte_equal``, ``kv_hits``)
+* :mod:`harness.page_evidence` (below this package too) what the comparators judge
+                   (``harness.compare.byte_equal``, ``kv_hits``)
 * ``bench.py``     compare throughput next to memcpy
 
 The modules vLLM imports inside its processes (``connector``, ``tap`` and what they use) need only

@@ -26,13 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.kv.pages import PageRef
+from harness.page_evidence import CaptureError
+from harness.pages import PageRef
 
 Side = Literal["written", "restored"]
-
-
-class CaptureError(ValueError):
-    """A capture folder that cannot be read; the message names the file and line."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ import torch
 
 from harness.kv.capture import PageTag, Side
 from harness.kv.digest import as_page_bytes, page_digests
-from harness.kv.pages import PageRef
 from harness.kv.plan import PagePlan
+from harness.pages import PageRef
 
 
 def gather(kv: torch.Tensor, block_ids: Sequence[int]) -> torch.Tensor:

@@ -30,6 +30,18 @@ TAP_CLASS = "HarnessTapConnector"
 TAP_CLASS_HMA = "HarnessTapConnectorHMA"
 
 
+def store_settings(base: Mapping[str, Any], chunk_size: int, store: Path) -> dict[str, Any]:
+    """``base`` (an engine's ``LLM`` kwargs) with the harness KV store as producer and consumer at
+    once, its pages under ``store`` (the invariance gate's ``kv_connector`` variant)."""
+    return {**base, "enable_prefix_caching": False,  # every cached token must come through the connector
+            "kv_transfer_config": {
+                "kv_connector": STORE_CLASS, "kv_connector_module_path": STORE_MODULE,
+                "kv_role": "kv_both", "kv_load_failure_policy": "fail",
+                "kv_connector_extra_config": {HARNESS_KEY: {
+                    "capture_dir": str(store.parent / "capture"), "chunk_size": chunk_size,
+                    "lanes": {"clean": {"root": str(store)}}}}}}
+
+
 class ConnectorSpecError(UnknownName):
     """A connector that cannot be found or used; the message names the module and the class."""
 

@@ -47,9 +47,9 @@ from harness.kv.capture_write import CaptureWriter, SchedulerLog, gather, record
 from harness.kv.config import UNREPORTED, HarnessKVConfig, chunk_size_problem
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore
-from harness.kv.pages import PageRef, prefix_keys
 from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 from harness.kv.store import PageRead, PageStore
+from harness.pages import PageRef, prefix_keys
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

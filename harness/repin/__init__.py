@@ -8,7 +8,8 @@
 * :mod:`.cost`    what a full re-record would take, from the goldens' own recorded timings;
 * :mod:`.accept`  ``--accept`` (``ACCEPT=1``): the pin, the goldens and the pages switch as one
                   change, with a record of the re-pin; without it nothing in the tree changes;
-* :mod:`.record`  the ``repin`` records (one per model and suite); :mod:`.command` the subcommand.
+* :mod:`.record`  the ``repin`` records (one per model and suite); the subcommand is
+                  :mod:`harness.commands.repin`.
 """
 
 

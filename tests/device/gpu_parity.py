@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.pipeline import run_gate  # noqa: E402
+from harness.pipeline import run_gate_by_name  # noqa: E402
 from harness.workspace import Workspace  # noqa: E402
 
 RUNS = [
@@ -38,7 +38,7 @@ def main(out: Path) -> int:
     for suite, cand in RUNS:
         t0 = time.perf_counter()
         try:
-            res = run_gate(ws, "tiny-llama", suite, cand, auto_record=False,
+            res = run_gate_by_name(ws, "tiny-llama", suite, cand, auto_record=False,
                            speed="the pinned vLLM is not installed on the GPU runner")
             rec = res.record
             summary["runs"].append({

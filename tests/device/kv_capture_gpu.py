@@ -50,7 +50,7 @@ from harness.kv import digest_triton as dt  # noqa: E402
 from harness.kv.capture import PageTag, read_capture  # noqa: E402
 from harness.kv.capture_write import CaptureWriter  # noqa: E402
 from harness.kv.digest import NAME, device_digests, digest_bytes, fused_digests, fused_lane_sums  # noqa: E402
-from harness.kv.pages import PageRef  # noqa: E402
+from harness.pages import PageRef  # noqa: E402
 
 RESULTS: dict = {"checks": {}, "rates": {}, "errors": {}}
 

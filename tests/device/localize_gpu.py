@@ -34,15 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
 
+from harness.commands.localize import localize  # noqa: E402
 from harness.compare.nmse import nmse_rows  # noqa: E402
 from harness.engines import make_runner  # noqa: E402
 from harness.excerpt import LOG, NOTE, clip, tail  # noqa: E402
 from harness.goldens import golden_dir, read_golden  # noqa: E402
 from harness.kinds.localize import divergences  # noqa: E402
-from harness.localize.cli import localize  # noqa: E402
 from harness.localize.oracle import cache_path, golden_sequence, oracle_tensors, read_cached  # noqa: E402
 from harness.models import resolve_model  # noqa: E402
-from harness.pipeline import run_gate  # noqa: E402
+from harness.pipeline import run_gate_by_name  # noqa: E402
 from harness.workspace import Workspace  # noqa: E402
 
 MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-gpt2", "tiny-qwen3-moe")
@@ -137,7 +137,7 @@ def main(out: Path, models: tuple[str, ...] = MODELS) -> int:
                 summary["profiles"].append({"model": name, "spec": spec, "error": tail(traceback.format_exc(), LOG)})
             print(clip(json.dumps(summary["profiles"][-1]), NOTE), flush=True)
             try:
-                g = run_gate(ws, name, SUITE, spec, auto_record=False,
+                g = run_gate_by_name(ws, name, SUITE, spec, auto_record=False,
                              speed="the pinned vLLM is not installed on the GPU runner")
                 row = {"model": name, "spec": spec, "gate": g.record.outcome, "summary": g.record.summary}
                 if divergences(g.record):

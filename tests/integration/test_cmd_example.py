@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.workspace import REPO_ROOT, Workspace
 
 pytestmark = pytest.mark.integration
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 
 def test_the_example_cmd_engine_passes_smoke(workspace: Workspace) -> None:
     engine = REPO_ROOT / "examples" / "cmd_engine.py"
-    res = run_gate(workspace, "tiny-llama", "smoke", f"cmd:{sys.executable} {engine} {{model}}",
+    res = run_gate_by_name(workspace, "tiny-llama", "smoke", f"cmd:{sys.executable} {engine} {{model}}",
                    auto_record=False)
     rec = res.record
     assert rec.outcome == "pass", rec.summary

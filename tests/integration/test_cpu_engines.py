@@ -25,7 +25,7 @@ import pytest
 from harness.engines import RunnerContext, make_runner
 from harness.engines.pip_engine import PipEngineRunner
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace
 
 pytestmark = [pytest.mark.integration, pytest.mark.cpu_engines]
@@ -35,7 +35,7 @@ def gate(ws: Workspace, model: str, spec: str) -> tuple[PipEngineRunner, Any]:
     ws.runs.mkdir(parents=True, exist_ok=True)
     runner = make_runner(spec, resolve_model(model, ws), RunnerContext(run_dir=ws.runs))
     assert isinstance(runner, PipEngineRunner)
-    rec = run_gate(ws, model, "smoke", spec, runner=runner, auto_record=False).record
+    rec = run_gate_by_name(ws, model, "smoke", spec, runner=runner, auto_record=False).record
     return runner, rec
 
 

@@ -23,8 +23,9 @@ from harness.device import device_class, fingerprint
 from harness.device_policy import DevicePolicy, check_reproduction, logprob_drift, policy
 from harness.goldens import Golden, golden_dir, read_golden
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate, run_gate_by_name
 from harness.records import load_record
+from harness.suites import find_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import PIN
 
@@ -49,7 +50,7 @@ def test_fresh_oracle_recording_reproduces_the_committed_goldens_and_hf_passes(
     folder = golden_dir(workspace.goldens, model, "smoke")
     shutil.rmtree(folder)
 
-    res = run_gate(workspace, "tiny-llama", "smoke", "hf")  # records goldens with vLLM first
+    res = run_gate(workspace, model, find_suite(workspace.suites, "smoke"), "hf")  # records goldens first
 
     assert "oracle_record_s" in res.record.timings
     fresh = read_golden(folder, model_name="tiny-llama", suite_name="smoke")
@@ -106,7 +107,7 @@ def test_under_emulated_avx2_the_oracle_reproduces_the_goldens_and_hf_passes(
 
 
 def test_vllm_candidate_passes_its_own_goldens_strictly(workspace: Workspace) -> None:
-    rec = run_gate(workspace, "tiny-llama", "smoke", "vllm", auto_record=False).record
+    rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "vllm", auto_record=False).record
     assert rec.outcome == "pass"
     assert all(v.status == "pass" for v in rec.verdicts if v.comparator == "strict"), rec.summary
     assert rec.candidate.version == PIN.version
@@ -131,7 +132,7 @@ def _flip_decisive(outputs: list[Output]) -> list[Output]:
 
 
 def test_a_planted_token_flip_fails_the_gate_and_names_the_case(workspace: Workspace) -> None:
-    rec = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False,
+    rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False,
                    transform=_flip_decisive).record
     assert rec.outcome == "fail"
     bad = [v for v in rec.verdicts if v.status == "fail"]
@@ -144,7 +145,7 @@ def test_a_planted_token_flip_fails_the_gate_and_names_the_case(workspace: Works
 
 def test_a_refused_configuration_is_a_refused_verdict_with_the_engines_reason(
         workspace: Workspace) -> None:
-    rec = run_gate(workspace, "tiny-llama", "smoke", "vllm:block_size=16", auto_record=False).record
+    rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "vllm:block_size=16", auto_record=False).record
     assert rec.outcome == "refused", rec.summary
     reason = rec.verdicts[0].evidence["reason"]
     assert "block size" in reason.lower(), reason

@@ -17,7 +17,7 @@ import pytest
 
 from harness.models import resolve_model
 from harness.oracle import record_goldens
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.suites import find_suite
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -39,7 +39,7 @@ def test_hybrid_model_runs_in_several_kv_cache_groups_and_hf_matches_it(workspac
     assert len(blocks) == 3 and set(blocks) == {32}, blocks  # 2 sliding-window groups + 1 full
     assert golden.manifest["oracle"]["settings"]["max_model_len"] == 4096
 
-    rec = run_gate(workspace, "tiny-gemma3", "smoke", "hf", auto_record=False).record
+    rec = run_gate_by_name(workspace, "tiny-gemma3", "smoke", "hf", auto_record=False).record
     assert rec.outcome == "pass", rec.summary
     assert rec.summary.startswith("smoke: 8/8 strict"), rec.summary
     assert rec.model["attention"].startswith("full + sliding-window attention (window 64")
@@ -57,7 +57,7 @@ def test_kv_round_trip_with_three_kv_cache_groups(tmp_path: Path) -> None:
     for sub in ("suites", "models", "goldens"):
         shutil.copytree(REPO_ROOT / sub, tmp_path / sub)
     ws = Workspace(tmp_path)
-    rec = run_gate(ws, "tiny-gemma3", "kv_roundtrip", "vllm", auto_record=False).record
+    rec = run_gate_by_name(ws, "tiny-gemma3", "kv_roundtrip", "vllm", auto_record=False).record
     assert rec.outcome == "pass", rec.summary
     groups = rec.extra["kv_cache_groups"]
     assert sorted((g["kind"], g["window"]) for g in groups) == [

@@ -29,7 +29,7 @@ from harness.kinds import KINDS
 from harness.kinds.base import GateRequest
 from harness.kinds.invariance import Ran
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.suites import find_suite
 from harness.workspace import REPO_ROOT, Workspace
@@ -55,7 +55,7 @@ def small(ws: Workspace) -> Ran:
 
 def test_the_small_suite_runs_in_two_engine_starts_and_every_variant_has_evidence(ws: Workspace,
                                                                                   small: Ran) -> None:
-    res = run_gate(ws, "tiny-llama", "invariance_small", "vllm", options={"ran": small})
+    res = run_gate_by_name(ws, "tiny-llama", "invariance_small", "vllm", options={"ran": small})
     rec = load_record(res.path)
     inv = rec.extra["invariance"]
     assert rec.kind == "invariance" and inv["vllm_engine_starts"] == 2 and inv["engine_starts"] == 3
@@ -91,7 +91,7 @@ def test_a_fault_planted_in_one_logprob_fails_bit_exact_and_passes_near_tie(ws: 
             out.append(o)
         return out
 
-    rec = run_gate(ws, "tiny-llama", "invariance_small", "vllm", options={"ran": small}, transform=one_ulp,
+    rec = run_gate_by_name(ws, "tiny-llama", "invariance_small", "vllm", options={"ran": small}, transform=one_ulp,
                    write=False).record
     assert rec.outcome == "fail"
     bad = {(v.comparator, v.case_id): v for v in rec.verdicts if v.status == "fail"}
@@ -103,7 +103,7 @@ def test_a_fault_planted_in_one_logprob_fails_bit_exact_and_passes_near_tie(ws: 
 @pytest.mark.skipif(os.environ.get("HARNESS_INVARIANCE_TEST") != "1",
                     reason="eight engine starts (~10 min on 2 cores); set HARNESS_INVARIANCE_TEST=1")
 def test_the_full_suite_judges_or_refuses_every_variant(ws: Workspace) -> None:
-    res = run_gate(ws, "tiny-llama", "invariance", "vllm")
+    res = run_gate_by_name(ws, "tiny-llama", "invariance", "vllm")
     rec = load_record(res.path)
     inv = rec.extra["invariance"]
     assert inv["vllm_engine_starts"] == 8

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace
 
 pytestmark = [pytest.mark.integration, pytest.mark.kv_load]
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.kv_load]
 
 def test_under_load_every_restored_page_is_byte_equal_and_every_output_matches_alone(
         workspace: Workspace) -> None:
-    rec = run_gate(workspace, "tiny-llama", "kv_load", "vllm", auto_record=False).record
+    rec = run_gate_by_name(workspace, "tiny-llama", "kv_load", "vllm", auto_record=False).record
     assert rec.outcome == "pass", rec.summary
     load = rec.extra["load"]
     assert load["requests_in_flight_peak"] >= 64 and load["restores"] > 0, load

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.kv.capture import read_capture
-from harness.kv.pages import prefix_keys
-from harness.pipeline import GateResult, run_gate
+from harness.pages import prefix_keys
+from harness.pipeline import GateResult, run_gate_by_name
 from harness.records import load_record
 from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import PIN
@@ -36,7 +36,7 @@ def kv_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[GateResult, Worksp
     for sub in ("suites", "models", "goldens"):
         shutil.copytree(REPO_ROOT / sub, root / sub)
     ws = Workspace(root)
-    return run_gate(ws, "tiny-llama", "kv_roundtrip", "vllm", auto_record=False), ws
+    return run_gate_by_name(ws, "tiny-llama", "kv_roundtrip", "vllm", auto_record=False), ws
 
 
 def by(res: GateResult, comparator: str) -> dict[str, object]:
@@ -140,7 +140,7 @@ def test_the_tap_around_vllms_example_connector(tmp_path: Path) -> None:
     for sub in ("suites", "models", "goldens"):
         shutil.copytree(REPO_ROOT / sub, tmp_path / sub)
     ws = Workspace(tmp_path)
-    res = run_gate(ws, "tiny-llama", "kv_roundtrip", "vllm", auto_record=False,
+    res = run_gate_by_name(ws, "tiny-llama", "kv_roundtrip", "vllm", auto_record=False,
                    connector="ExampleConnector")
     rec = res.record
     assert rec.extra["mode"] == "tap" and rec.candidate.name.endswith(":ExampleConnector")

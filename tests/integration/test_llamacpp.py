@@ -23,7 +23,7 @@ from harness.engines import RunnerContext, make_runner
 from harness.engines.llamacpp import LlamaCppRunner
 from harness.engines.procs import group_alive
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace
 
 pytestmark = [pytest.mark.integration,
@@ -37,7 +37,7 @@ def gate(ws: Workspace, spec: str) -> tuple[LlamaCppRunner, object]:
     ws.runs.mkdir(parents=True, exist_ok=True)
     runner = make_runner(spec, model, RunnerContext(run_dir=ws.runs))
     assert isinstance(runner, LlamaCppRunner)
-    rec = run_gate(ws, "tiny-llama", "smoke", spec, runner=runner, auto_record=False).record
+    rec = run_gate_by_name(ws, "tiny-llama", "smoke", spec, runner=runner, auto_record=False).record
     assert runner.server is not None and runner.server.pid is not None
     assert not group_alive(runner.server.pid), "the harness left the llama.cpp server running"
     return runner, rec

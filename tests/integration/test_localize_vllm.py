@@ -17,11 +17,11 @@ import os
 import pytest
 
 from harness.cli import main
+from harness.commands.localize import localize
 from harness.kinds.localize import divergences
-from harness.localize.cli import localize
 from harness.localize.plant import plant
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import iter_record_paths, load_record
 from harness.workspace import Workspace
 from tests.pins import PIN
@@ -51,7 +51,7 @@ def test_a_planted_layer_is_localized_against_vllms_own_tensors(
     assert all(c.ok for c in loc.controls)
 
     # the unperturbed model, every case over its whole golden sequence: vLLM's cached tensors
-    gate = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
+    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
     same = localize(workspace, gate.record, str(gate.path), cases="all").record
     assert len(same.verdicts) == 8 and same.outcome == "pass"
     for v in same.verdicts:
@@ -65,7 +65,7 @@ def test_a_planted_layer_is_localized_against_vllms_own_tensors(
                     reason="starts vLLM three more times and builds smollm2-135m; set "
                            "HARNESS_LOCALIZE_SWEEP=1 and select -m localize_sweep")
 def test_vllm_weights_and_a_deep_layer_of_smollm2_are_localized(workspace: Workspace) -> None:
-    from harness.localize.sweep import sweep
+    from harness.commands.localize_sweep import sweep
 
     points = sweep(workspace, "tiny-llama", ["vllm"], [0], ["mlp"], [1e-1])
     points += sweep(workspace, "smollm2-135m", ["hf"], [24], ["mlp"], [1e-1])

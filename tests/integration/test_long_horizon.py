@@ -18,7 +18,7 @@ import pytest
 from harness.api import Case, EngineInfo, Output, RunFacts, Sampling
 from harness.engines.hf import HFRunner
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.report import print_record
 from harness.workspace import REPO_ROOT, Workspace
@@ -94,7 +94,7 @@ def run_level(rec: Any, comparator: str) -> Any:
 def test_transformers_passes_long_horizon_with_the_kl_table_and_pictures(
         ws: Workspace, replay: Callable[[Rewrite | None], Replay],
         capsys: pytest.CaptureFixture[str]) -> None:
-    res = run_gate(ws, "tiny-llama", "long_horizon", "hf", auto_record=False, runner=replay(None))
+    res = run_gate_by_name(ws, "tiny-llama", "long_horizon", "hf", auto_record=False, runner=replay(None))
     rec = res.record
     assert rec.outcome == "pass", rec.summary
     kl, drift = run_level(rec, "kl"), run_level(rec, "drift")
@@ -118,7 +118,7 @@ def test_transformers_passes_long_horizon_with_the_kl_table_and_pictures(
 
 def test_a_planted_drift_fails_the_drift_gate(ws: Workspace,
                                               replay: Callable[[Rewrite | None], Replay]) -> None:
-    rec = run_gate(ws, "tiny-llama", "long_horizon", "hf", auto_record=False, runner=replay(ramp)).record
+    rec = run_gate_by_name(ws, "tiny-llama", "long_horizon", "hf", auto_record=False, runner=replay(ramp)).record
     assert rec.outcome == "fail"
     drift = run_level(rec, "drift")
     assert drift.status == "fail" and drift.evidence["slope_per_1k"] > 1e-4, drift.summary

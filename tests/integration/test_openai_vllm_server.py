@@ -15,7 +15,7 @@ from harness.engines.procs import group_alive
 from harness.engines.vllm import VLLMRunner
 from harness.engines.vllm_server import VLLMServerRunner
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.workspace import Workspace
 from tests.pins import PIN
@@ -29,14 +29,14 @@ def test_a_real_vllm_server_gives_the_offline_verdicts_and_is_stopped(workspace:
 
     offline_runner = make_runner("vllm", model, RunnerContext(run_dir=workspace.runs, concurrency=4))
     assert isinstance(offline_runner, VLLMRunner)
-    offline = run_gate(workspace, "tiny-llama", "smoke", "vllm", runner=offline_runner, concurrency=4,
+    offline = run_gate_by_name(workspace, "tiny-llama", "smoke", "vllm", runner=offline_runner, concurrency=4,
                        auto_record=False).record
     assert offline.outcome == "pass", offline.summary
     assert offline_runner.speed is not None and offline_runner.speed.concurrency == 4
 
     runner = make_runner("vllm-server", model, RunnerContext(run_dir=workspace.runs, concurrency=4))
     assert isinstance(runner, VLLMServerRunner)
-    res = run_gate(workspace, "tiny-llama", "smoke", "vllm-server", runner=runner, concurrency=4,
+    res = run_gate_by_name(workspace, "tiny-llama", "smoke", "vllm-server", runner=runner, concurrency=4,
                    speed=offline_runner.facts().speed, auto_record=False)
     assert runner.server is not None and runner.server.pid is not None
     assert not group_alive(runner.server.pid), "the harness left the vLLM server running"

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
+from harness.commands.sampling import run_sampling
 from harness.records import load_record
-from harness.sampling.command import run_sampling
 from harness.workspace import REPO_ROOT, Workspace
 
 pytestmark = [pytest.mark.integration, pytest.mark.sampling_engines]

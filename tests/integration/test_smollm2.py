@@ -15,7 +15,7 @@ import pytest
 
 from harness.models import MODELS, resolve_model
 from harness.models.named import SMOLLM2_REFERENCE
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace
 
 pytestmark = [
@@ -59,7 +59,7 @@ def test_smollm2_builds_from_pypi_reproducibly_and_passes_the_smoke_gate(
     assert a.decode(out[0, len(ids):].tolist()) == " Paris."
     del model
 
-    res = run_gate(workspace, "smollm2-135m", "smoke", "hf")  # the oracle records first
+    res = run_gate_by_name(workspace, "smollm2-135m", "smoke", "hf")  # the oracle records first
     print(res.record.summary, {k: round(v, 1) for k, v in res.record.timings.items()})
     assert res.record.outcome == "pass", res.record.summary
     assert res.record.model["digest"] == MODELS.entry("smollm2-135m").meta.digest

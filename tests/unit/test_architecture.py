@@ -1,5 +1,6 @@
-"""The tree's shape: no import cycles (a function-level import that hides one is still one), and
-the pipeline never probes an engine with getattr/hasattr."""
+"""The tree's shape: no import cycles (a function-level import that hides one is still one), commands
+at the top (the packages the pipeline uses never import it, its gate kinds or a command), and the
+pipeline never probes an engine with getattr/hasattr."""
 
 from __future__ import annotations
 
@@ -103,6 +104,57 @@ def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path: Path) -> N
     (pkg / "b.py").write_text("x = 1\n\ndef f():\n    from pkg import a\n    return a\n")
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
     assert cycles(module_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.b"]]
+
+
+PIPELINE = ("harness.pipeline", "harness.kinds")
+TOP = ("harness.cli", "harness.commands", *PIPELINE)
+"""The command line, the commands, the pipeline and its gate kinds."""
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def upward_imports(graph: Mapping[str, set[str]], users: tuple[str, ...], top: tuple[str, ...]) -> list[str]:
+    """Imports into ``top`` from a package that ``users`` use: a feature package (one level below the
+    root) that the pipeline reaches never imports the pipeline, a gate kind or a command. (Packages
+    that only commands use, such as a bisect that runs gates, sit above the pipeline.)"""
+    root = next(iter(graph)).split(".")[0]
+    reached, todo = set(), [m for m in graph if _within(m, users)]
+    while todo:
+        for t in graph[todo.pop()]:
+            if t not in reached and not _within(t, users):
+                reached.add(t)
+                todo.append(t)
+    below = tuple(sorted({".".join(m.split(".")[:2]) for m in reached if m != root}))
+    return sorted(f"{m} -> {t}" for m in graph if _within(m, below)
+                  for t in graph[m] if _within(t, top))
+
+
+def test_what_the_pipeline_uses_never_imports_it_or_a_command() -> None:
+    found = upward_imports(module_graph(REPO_ROOT, "harness"), PIPELINE, TOP)
+    assert found == [], ("feature packages import the pipeline, a gate kind or a command that sits above "
+                         "them (move the code that needs it to harness/commands/): " + "; ".join(found))
+
+
+def test_only_the_cli_imports_the_commands() -> None:
+    graph = module_graph(REPO_ROOT, "harness")
+    found = sorted(f"{m} -> {t}" for m, ts in graph.items() if not _within(m, ("harness.cli", "harness.commands"))
+                   for t in ts if _within(t, ("harness.commands",)))
+    assert found == []
+
+
+def test_the_floor_check_finds_a_feature_package_importing_its_user(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "feature").mkdir(parents=True)
+    for f in ("__init__.py", "feature/__init__.py"):
+        (pkg / f).write_text("")
+    (pkg / "pipeline.py").write_text("from pkg.feature import logic\n")
+    (pkg / "feature" / "logic.py").write_text("x = 1\n")
+    (pkg / "feature" / "cli.py").write_text("def main():\n    from pkg.pipeline import run\n")
+    (pkg / "unrelated.py").write_text("from pkg import pipeline\n")  # above the pipeline: allowed
+    assert upward_imports(module_graph(tmp_path, "pkg"), ("pkg.pipeline",), ("pkg.pipeline",)) == [
+        "pkg.feature.cli -> pkg.pipeline"]
 
 
 def test_the_pipeline_declares_what_it_asks_of_engines() -> None:

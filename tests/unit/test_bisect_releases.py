@@ -186,3 +186,24 @@ def test_steps_on_record_are_read_not_run_and_uninstalled_releases_are_not_insta
     assert none.result.kind == "inconclusive" and ran == []
     assert all("not installed here" in s["reason"] for s in none.record.extra["bisect"]["steps"])
     assert none.record.extra["bisect"]["cost"]["not_installed"] == 2
+
+
+def test_a_bisect_hashes_the_model_once_not_at_every_step(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model is resolved (every weight file hashed) once per bisect; each step's record lookup and
+    gate take it resolved, so a step hashes nothing."""
+    import harness.models as models
+
+    runner_for = planted(ws, set(RELEASES[7:]))
+    hashed: list[Path] = []
+    real = models.content_digest
+
+    def counted(folder: Path) -> str:
+        hashed.append(folder)
+        return real(folder)
+
+    monkeypatch.setattr(models, "content_digest", counted)
+    done = bisect_releases(ws, "tiny-llama", "smoke", "1.0.0", "1.11.0", index=INDEX, reuse=True,
+                           runner_for=runner_for)
+    steps = done.record.extra["bisect"]["steps"]
+    assert done.result.first_new == "1.7.0" and len(steps) >= 4
+    assert len(hashed) == 1, f"the model was hashed {len(hashed)} times over {len(steps)} steps"

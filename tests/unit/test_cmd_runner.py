@@ -20,7 +20,7 @@ from harness.engines.cmd import CmdRunner
 from harness.engines.procs import pid_running
 from harness.goldens import Golden, golden_dir, read_golden
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import Record, load_record
 from harness.workspace import Workspace
 
@@ -49,7 +49,7 @@ def spec(answers: Path, fault: str, extra: str = "") -> str:
 
 
 def gate(ws: Workspace, candidate: str) -> Record:
-    res = run_gate(ws, "tiny-llama", "smoke", candidate, auto_record=False)
+    res = run_gate_by_name(ws, "tiny-llama", "smoke", candidate, auto_record=False)
     assert load_record(res.path) == res.record  # always written
     return res.record
 

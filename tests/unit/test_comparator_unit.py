@@ -13,7 +13,7 @@ from harness import compare
 from harness.api import Case, EngineInfo, Output, RunFacts, Sampling, Verdict
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Planted, Unit, UnitError, param
 from harness.goldens import read_golden
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.suites import SuiteError
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -97,7 +97,7 @@ def goldens(ws: Workspace) -> dict[str, Output]:
 
 def test_a_new_comparator_judges_a_gate_under_its_own_controls(workspace: Workspace, registered: None) -> None:
     gate_suite(workspace, "[compare.length]\nmax_short = 2")
-    res = run_gate(workspace, "tiny-llama", "smoke", "replay", auto_record=False, write=False,
+    res = run_gate_by_name(workspace, "tiny-llama", "smoke", "replay", auto_record=False, write=False,
                    runner=Replay(goldens(workspace), cut=1))
     mine = [v for v in res.record.verdicts if v.comparator == "length"]
     assert len(mine) == 8 and all(v.status == "pass" for v in mine), mine  # 1 short, bar 2
@@ -106,7 +106,7 @@ def test_a_new_comparator_judges_a_gate_under_its_own_controls(workspace: Worksp
     assert controls["the golden itself"].ok
     assert "length" in res.record.gates
     # cut past the suite's bar: the new comparator fails the gate (strict fails too: it is cut)
-    res = run_gate(workspace, "tiny-llama", "smoke", "replay", auto_record=False, write=False,
+    res = run_gate_by_name(workspace, "tiny-llama", "smoke", "replay", auto_record=False, write=False,
                    runner=Replay(goldens(workspace), cut=3))
     assert {v.status for v in res.record.verdicts if v.comparator == "length"} == {"fail"}
     assert res.record.outcome == "fail"
@@ -131,7 +131,7 @@ def test_a_comparator_whose_controls_cannot_bite_makes_the_gate_vacuous(workspac
 
     with compare.COMPARATORS.patched("length", replace(UNIT, cls=Lenient).check()):
         gate_suite(workspace, "[compare.length]")
-        res = run_gate(workspace, "tiny-llama", "smoke", "replay", auto_record=False, write=False,
+        res = run_gate_by_name(workspace, "tiny-llama", "smoke", "replay", auto_record=False, write=False,
                        runner=Replay(goldens(workspace)))
     assert res.record.outcome == "vacuous" and "length: cut past the bar expected fail" in res.record.summary
 

@@ -20,7 +20,7 @@ from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
 from harness.controls import run_controls
 from harness.features import generate
 from harness.goldens import read_golden
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import GOLDEN_CHECK, UNGUARDED, failed_positive, guard, vacuous_reasons
 from harness.workspace import REPO_ROOT
 from tests.unit.features_kit import commit, make_git_workspace
@@ -297,7 +297,7 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
         "[compare.strict]", "[compare.always_pass]\ngate = true\n\n[compare.strict]", 1))
     commit(ws.root, "gate on a comparator that cannot fail")
 
-    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False,
+    res = run_gate_by_name(ws, "tiny-llama", "smoke", "echo", auto_record=False,
                    runner=EchoRunner(dict(golden().outputs)))
     rec = res.record
     assert all(v.status == "pass" for v in rec.verdicts)  # every verdict passes ...
@@ -315,7 +315,7 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
 
 def test_a_gate_with_real_comparators_records_its_controls(tmp_path: Path) -> None:
     ws = make_git_workspace(tmp_path / "ws", VACUOUS_CATALOG.split("[[sections.rows]]\nid = \"vacuous\"")[0])
-    res = run_gate(ws, "tiny-llama", "smoke", "echo", auto_record=False,
+    res = run_gate_by_name(ws, "tiny-llama", "smoke", "echo", auto_record=False,
                    runner=EchoRunner(dict(golden().outputs)))
     assert res.record.outcome == "pass"
     assert {c.comparator for c in res.record.controls} == {"strict", "near_tie", "greedy"}  # greedy: the self-check
@@ -346,8 +346,8 @@ def test_token_mutations_change_the_text_too_so_text_only_strict_is_guarded() ->
 def evidence(n: int = 4, size: int = 64, pages: list[bytes] | None = None):  # noqa: ANN201
     """One case's KV evidence: ``n`` pages written (and restored as written), chunk 32."""
     from harness.kv.digest import digest_bytes
-    from harness.kv.evidence import CaseEvidence, MemoryPage
-    from harness.kv.pages import PageRef
+    from harness.page_evidence import CaseEvidence, MemoryPage
+    from harness.pages import PageRef
 
     rng = np.random.default_rng(0)
     data = pages if pages is not None else [rng.integers(0, 256, size, dtype=np.uint8).tobytes()

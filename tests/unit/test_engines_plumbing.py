@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.api import Case
-from harness.capabilities import Capabilities, comparator_for
+from harness.capabilities import Capabilities
+from harness.compare.judgeable import comparator_for, impossible
 from harness.compare.strict import Strict
 from harness.compare.strict_text import StrictText
 from harness.engines.procs import group_alive, kill_group, pid_running
@@ -26,7 +27,7 @@ from tests.conftest import make_output
 
 def test_no_ids_means_strict_on_text_and_everything_else_impossible() -> None:
     caps = Capabilities(token_ids=False, reasons={"token_ids": "text only"})
-    assert caps.impossible(["strict", "near_tie", "kl", "my_new"]) == {
+    assert impossible(caps, ["strict", "near_tie", "kl", "my_new"]) == {
         "near_tie": "text only", "kl": "text only", "my_new": "text only"}
     assert isinstance(comparator_for("strict", {}, None, caps), StrictText)
     assert comparator_for("near_tie", {}, None, caps) == "text only"
@@ -34,7 +35,7 @@ def test_no_ids_means_strict_on_text_and_everything_else_impossible() -> None:
 
 def test_no_logprobs_only_rules_out_distribution_comparators() -> None:
     caps = Capabilities(top_logprobs=False, reasons={"top_logprobs": "none came back"})
-    assert caps.impossible(["strict", "near_tie", "kl", "nmse", "drift"]) == {
+    assert impossible(caps, ["strict", "near_tie", "kl", "nmse", "drift"]) == {
         "kl": "none came back", "nmse": "none came back", "drift": "none came back"}
     assert isinstance(comparator_for("strict", {}, None, caps), Strict)
     assert isinstance(comparator_for("strict", {}, None, None), Strict)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,8 @@ from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, invers
 from harness.invariance.trainer import mode_logprobs
 from harness.kinds import staleness
 from harness.kinds.invariance import Ran
-from harness.pipeline import run_gate
+from harness.kv.config import store_settings
+from harness.pipeline import run_gate_by_name
 from harness.records import guard, load_record, vacuous_reasons
 from harness.staleness import Current
 from harness.suites import SuiteError, load_suite
@@ -345,9 +346,13 @@ def cases_of(suite: str) -> tuple[Case, ...]:
 BASE_SETTINGS = {"dtype": "float32", "block_size": 32, "disable_log_stats": False}
 
 
+def kv_store(base: Mapping[str, Any], chunk: int) -> dict[str, Any]:
+    return store_settings(base, chunk, Path("/tmp/kv"))
+
+
 def test_the_plan_starts_one_engine_per_configuration() -> None:
     s = parse(load_suite(REPO_ROOT / "suites" / "invariance.toml"))
-    plan = make_plan(s, cases_of("invariance"), BASE_SETTINGS, Path("/tmp/kv"))
+    plan = make_plan(s, cases_of("invariance"), BASE_SETTINGS, kv_store)
     keys = [g.key for g in plan.groups]
     assert keys == ["base", "chunked_prefill", "spec_decode", "preemption", "kv_connector", "rl", "server",
                     "inverse"]
@@ -368,7 +373,7 @@ def test_the_plan_starts_one_engine_per_configuration() -> None:
 
 def test_rollouts_in_vllms_default_mode_share_the_reference_engine() -> None:
     s = parse(load_suite(REPO_ROOT / "suites" / "invariance_small.toml"))
-    plan = make_plan(s, cases_of("invariance_small"), BASE_SETTINGS, Path("/tmp/kv"))
+    plan = make_plan(s, cases_of("invariance_small"), BASE_SETTINGS, kv_store)
     assert [g.key for g in plan.groups] == [BASE, INVERSE]  # two engine starts
     assert ROLLOUT in [p.name for p in plan.group(BASE).passes]  # type: ignore[union-attr]
     assert sorted(plan.rollouts) == ["c02#s1", "c02#s2", "p01#s1", "p01#s2"]
@@ -468,7 +473,7 @@ def gate(ws: Workspace, ran_of: Callable[[Plan], Ran], **kw: Any):  # noqa: ANN2
     req = GateRequest(resolve_model("tiny-llama", ws), suite, "vllm", options=kw.get("options", {}))
     plan = KINDS.get("invariance").prepare(ws, req).plan
     opts = {**kw.pop("options", {}), "ran": ran_of(plan)}
-    return run_gate(ws, "tiny-llama", suite.name, "vllm", options=opts, **kw)
+    return run_gate_by_name(ws, "tiny-llama", suite.name, "vllm", options=opts, **kw)
 
 
 def test_an_invariance_gate_writes_one_record_of_kind_invariance(inv_ws: Workspace) -> None:
@@ -611,7 +616,7 @@ def test_no_machine_path_reaches_the_record(inv_ws: Workspace) -> None:
 
 def test_only_the_pinned_vllm_is_driven(inv_ws: Workspace) -> None:
     with pytest.raises(SuiteError, match="drives the pinned vLLM"):
-        run_gate(inv_ws, "tiny-llama", "invariance_small", "hf", options={"ran": None}, write=False)
+        run_gate_by_name(inv_ws, "tiny-llama", "invariance_small", "hf", options={"ran": None}, write=False)
 
 
 def test_an_invariance_record_prints_one_line_per_variant(inv_ws: Workspace) -> None:
@@ -634,7 +639,7 @@ def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -
     p.write_text(p.read_text().replace("max_model_len = 224", "max_model_len = 96"))
     with pytest.raises(SuiteError, match=r"\[invariance.preemption\]: engine max_model_len 96 is shorter than "
                                          r"case 'c03'"):
-        run_gate(inv_ws, "tiny-llama", "invariance", "vllm", options={"ran": None}, write=False)
+        run_gate_by_name(inv_ws, "tiny-llama", "invariance", "vllm", options={"ran": None}, write=False)
 
 
 def test_a_start_that_meets_a_busy_machine_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:

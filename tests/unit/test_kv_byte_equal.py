@@ -13,8 +13,8 @@ from harness.compare import build
 from harness.compare.byte_equal import ByteEqual, diff_bytes, summary_line
 from harness.compare.kv_hits import KVHits
 from harness.kv.digest import digest_bytes
-from harness.kv.evidence import CaseEvidence, MemoryPage, Problem
-from harness.kv.pages import PageRef, expected_hit_tokens, prefix_keys
+from harness.page_evidence import CaseEvidence, MemoryPage, Problem
+from harness.pages import PageRef, expected_hit_tokens, prefix_keys
 from tests.conftest import make_output
 
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")

@@ -10,7 +10,7 @@ import torch
 from harness.kv.capture import CaptureError, PageTag, read_capture
 from harness.kv.capture_write import CaptureWriter, SchedulerLog
 from harness.kv.digest import page_digests
-from harness.kv.pages import PageRef
+from harness.pages import PageRef
 
 
 def refs(n: int) -> list[PageRef]:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from harness.kv.capture import PageTag, read_capture, written_digests
 from harness.kv.capture_write import CaptureWriter, HostStager, _PageLines
 from harness.kv.digest import cache_digests, digest_bytes, page_digests
-from harness.kv.pages import PageRef
+from harness.pages import PageRef
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -267,7 +267,7 @@ def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installe
         workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import harness.engines.venvs as venvs
     import harness.engines.wheels as wheels
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
 
     monkeypatch.setenv("HARNESS_VENVS", str(tmp_path / "venvs"))
     asked = []
@@ -276,7 +276,7 @@ def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installe
         "vllm/_C.abi3.so": b"\x00GLIBCXX_3.4.21\x00CXXABI_1.3.9\x00"})
     monkeypatch.setattr(venvs, "ensure_vllm_venv", lambda *a: pytest.fail("a release that cannot run is "
                                                                         "not installed"))
-    res = run_gate(workspace, "tiny-llama", "kv_roundtrip", "vllm@0.10.2", connector="ExampleConnector",
+    res = run_gate_by_name(workspace, "tiny-llama", "kv_roundtrip", "vllm@0.10.2", connector="ExampleConnector",
                    auto_record=False)
     rec = res.record
     assert asked == ["0.10.2"]

@@ -11,10 +11,10 @@ from harness.compare.byte_equal import ByteEqual
 from harness.kv.capture import PageTag, read_capture
 from harness.kv.capture_write import CaptureWriter, SchedulerLog
 from harness.kv.judge import Judge
-from harness.kv.pages import PageRef, prefix_keys
 from harness.kv.passes import Phase, consumer_passes, producer_passes
 from harness.kv.refusal import refusal_controls, refusal_verdicts
 from harness.kv.settings import KVSettings
+from harness.pages import PageRef, prefix_keys
 from tests.pins import PIN
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]

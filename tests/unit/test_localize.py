@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.commands.localize import localize
 from harness.engines import make_runner
 from harness.goldens import golden_dir, read_golden
 from harness.kinds.localize import Localize, divergences, targets_of
-from harness.localize.cli import localize
 from harness.localize.oracle import cache_path, golden_sequence, read_cached, write_cached
 from harness.localize.plant import plant
 from harness.localize.profile import (
@@ -29,7 +29,7 @@ from harness.localize.profile import (
     settings,
 )
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import iter_record_paths, load_record
 from harness.staleness import Current
 from harness.suites import SuiteError
@@ -142,7 +142,7 @@ def test_a_strict_divergence_the_near_tie_rule_forgives_is_localized_too(workspa
     seed_oracle_cache(workspace, "tiny-llama", "smoke")
     copy = plant(resolve_model("tiny-llama", workspace), workspace.root / "small", layer=0, sub="mlp",
                  relative=1e-2).path
-    gate = run_gate(workspace, "tiny-llama", "smoke", f"hf:weights={copy}", auto_record=False)
+    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", f"hf:weights={copy}", auto_record=False)
     assert gate.record.outcome == "pass" and divergences(gate.record), gate.record.summary
     loc = localize(workspace, gate.record, str(gate.path)).record
     assert {v.evidence["parts_at"] for v in loc.verdicts} == {"layer.0.mlp"}
@@ -151,7 +151,7 @@ def test_a_strict_divergence_the_near_tie_rule_forgives_is_localized_too(workspa
 
 def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(workspace: Workspace) -> None:
     seed_oracle_cache(workspace, "tiny-llama", "smoke")
-    gate = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
+    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
     assert not divergences(gate.record)
     assert localize(workspace, gate.record, str(gate.path)).record.summary.startswith("localize: no case")
     loc = localize(workspace, gate.record, str(gate.path), cases="all").record
@@ -161,7 +161,7 @@ def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(wo
 
 
 def test_an_engine_without_tensors_is_refused_with_its_reason(workspace: Workspace) -> None:
-    gate = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False)
+    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False)
     rec = replace(gate.record, candidate=replace(gate.record.candidate, name="vllm-server"))
     loc = localize(workspace, rec, "x.json").record
     assert loc.outcome == "refused" and len(loc.verdicts) == 8

@@ -18,7 +18,7 @@ from harness.api import EngineRefused, Sampling
 from harness.engines.openai import OpenAIRunner, parse_openai_spec
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.workspace import Workspace
 from tests.unit.openai_double import Double, serve
@@ -46,7 +46,7 @@ def by_case(rec, comparator: str = "near_tie") -> dict[str, object]:  # noqa: AN
 def test_a_healthy_server_passes_exactly_and_the_record_says_what_was_detected(
         workspace: Workspace, healthy: tuple[Double, str]) -> None:
     _, url = healthy
-    res = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url},c=4", auto_record=False)
+    res = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url},c=4", auto_record=False)
     rec = res.record
     assert rec.outcome == "pass", rec.summary
     assert all(v.status == "pass" for v in rec.verdicts if v.comparator == "strict"), rec.summary
@@ -69,7 +69,7 @@ def test_planted_faults_become_named_errors_and_the_rest_still_runs(workspace: W
     d = double_for(workspace, faults=dict(faults))
     t0 = time.perf_counter()
     with serve(d) as url:
-        res = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url},c=2,{FAST},breaker=10",
+        res = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url},c=2,{FAST},breaker=10",
                        auto_record=False)
     assert time.perf_counter() - t0 < 30, "faults must be bounded by timeout x retries"
     rec = load_record(res.path)  # the record is written despite the faults
@@ -92,7 +92,7 @@ def test_a_server_that_stops_answering_trips_the_breaker(workspace: Workspace) -
     d = double_for(workspace, faults={f"c0{i}": "hang" for i in range(2, 9)})
     t0 = time.perf_counter()
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url},c=1,{FAST},breaker=2",
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url},c=1,{FAST},breaker=2",
                        auto_record=False).record
     assert time.perf_counter() - t0 < 15
     v = by_case(rec)
@@ -106,7 +106,7 @@ def test_a_server_that_stops_answering_trips_the_breaker(workspace: Workspace) -
 def test_a_logprob_cap_is_detected_and_recorded(workspace: Workspace) -> None:
     d = double_for(workspace, max_logprobs=3)
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     caps = rec.extra["capabilities"]
     assert caps["logprobs_served"] == 3 and caps["logprobs_asked"] == 5
     assert any("caps logprobs at 3" in n for n in caps["notes"])
@@ -116,7 +116,7 @@ def test_a_logprob_cap_is_detected_and_recorded(workspace: Workspace) -> None:
 def test_a_text_only_server_gets_strict_on_text_and_the_rest_is_impossible(workspace: Workspace) -> None:
     d = double_for(workspace, text_only=True)
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     assert not rec.extra["capabilities"]["token_ids"]
     assert "text only" in rec.extra["impossible"]["near_tie"]
     strict = by_case(rec, "strict")
@@ -131,7 +131,7 @@ def test_text_only_strict_still_fails_on_different_text(workspace: Workspace) ->
     cid, out = d.answers[key]
     d.answers = {**d.answers, key: (cid, replace(out, text=out.text[:3] + "#" + out.text[4:]))}
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     v = by_case(rec, "strict")[cid]
     assert v.status == "fail" and "char 3" in v.summary
 
@@ -141,7 +141,7 @@ def test_api_key_is_sent_from_the_env_and_never_recorded(workspace: Workspace,
     d = double_for(workspace, api_key="s3cret-value")
     monkeypatch.setenv("MY_KEY", "s3cret-value")
     with serve(d) as url:
-        res = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url},key_env=MY_KEY", auto_record=False)
+        res = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url},key_env=MY_KEY", auto_record=False)
     assert res.record.outcome == "pass"
     assert "Bearer s3cret-value" in d.auth_seen
     text = res.path.read_text()
@@ -152,7 +152,7 @@ def test_api_key_is_sent_from_the_env_and_never_recorded(workspace: Workspace,
 def test_a_missing_key_variable_is_refused_by_name(workspace: Workspace,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NOPE_KEY", raising=False)
-    rec = run_gate(workspace, "tiny-llama", "smoke", "openai:http://127.0.0.1:9,key_env=NOPE_KEY",
+    rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "openai:http://127.0.0.1:9,key_env=NOPE_KEY",
                    auto_record=False).record
     assert rec.outcome == "refused"
     assert "NOPE_KEY" in rec.verdicts[0].summary
@@ -163,14 +163,14 @@ def test_a_wrong_key_is_an_error_with_the_servers_answer(workspace: Workspace,
     d = double_for(workspace, api_key="right")
     monkeypatch.setenv("MY_KEY", "wrong")
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url},key_env=MY_KEY,{FAST}",
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url},key_env=MY_KEY,{FAST}",
                        auto_record=False).record
     assert rec.outcome == "error"
     assert "HTTP 401" in rec.verdicts[0].detail and "wrong" not in rec.verdicts[0].detail.split("HTTP")[0]
 
 
 def test_nothing_listening_is_an_error_and_a_record(workspace: Workspace) -> None:
-    res = run_gate(workspace, "tiny-llama", "smoke", f"openai:http://127.0.0.1:9,{FAST}", auto_record=False)
+    res = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:http://127.0.0.1:9,{FAST}", auto_record=False)
     assert res.record.outcome == "error"
     assert "did not answer within 2 s" in res.record.verdicts[0].detail
     assert res.path.exists()

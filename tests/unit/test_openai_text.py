@@ -18,7 +18,7 @@ from harness.engines.openai import OpenAIRunner, parse_openai_spec
 from harness.engines.token_text import UNMAPPED, TokenTexts, token_bytes
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace
 from tests.unit.openai_double import Double, serve
 from tests.unit.test_openai_runner import by_case, double_for
@@ -39,7 +39,7 @@ def text_double(ws: Workspace, **kw: object) -> Double:
 def test_a_server_refusing_id_prompts_gets_text_and_its_tokenization_is_checked(workspace: Workspace) -> None:
     d = text_double(workspace, tokenize="extras")
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     assert rec.outcome == "pass", rec.summary
     caps = rec.extra["capabilities"]
     assert caps["prompts"] == "text" and caps["tokenized_by"] == "POST /extras/tokenize"
@@ -58,7 +58,7 @@ def test_a_server_refusing_id_prompts_gets_text_and_its_tokenization_is_checked(
 def test_prompts_ids_refuses_a_server_that_takes_only_text(workspace: Workspace) -> None:
     d = text_double(workspace, tokenize="extras")
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url},prompts=ids", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url},prompts=ids", auto_record=False).record
     assert rec.outcome == "refused"
     assert "as token ids" in rec.verdicts[0].detail and "prompts=auto" in rec.verdicts[0].detail
 
@@ -74,7 +74,7 @@ def test_a_tokenizer_mismatch_is_a_named_verdict_and_the_case_is_not_sent(worksp
     d = text_double(workspace, tokenize=tokenize, tokenize_plant={"c03": (2, planted)},
                     render=llama_render(workspace) if tokenize is None else None)
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     tok = by_case(rec, "tokenizer")
     assert tok["c03"].status == "fail", tok["c03"].summary
     assert tok["c03"].summary == f"tokenizer FAIL at prompt token 2/{len(c03.prompt_ids)}"
@@ -94,7 +94,7 @@ def test_a_non_greedy_answer_names_where_by_how_much_and_the_knobs_left_to_the_s
     d = double_for(workspace, non_greedy={"c02": 5}, defaults={"repeat_penalty": 1.1, "top_k": 40,
                                                                "temperature": 0.8, "seed": None})
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     g = by_case(rec, "greedy")
     assert g["c02"].status == "fail" and g["c02"].summary.startswith("greedy FAIL at token 5/32")
     assert all(v.status == "pass" for cid, v in g.items() if cid != "c02")
@@ -113,7 +113,7 @@ def test_a_non_greedy_answer_names_where_by_how_much_and_the_knobs_left_to_the_s
 def test_body_fields_are_sent_recorded_and_no_longer_left_to_the_server(workspace: Workspace) -> None:
     d = double_for(workspace, defaults={"repeat_penalty": 1.1, "top_k": 40})
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url},body.repeat_penalty=1.0,body.top_k=1",
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url},body.repeat_penalty=1.0,body.top_k=1",
                        auto_record=False).record
     assert rec.outcome == "pass", rec.summary
     assert all(b["repeat_penalty"] == 1.0 and b["top_k"] == 1 for b in d.bodies)
@@ -175,7 +175,7 @@ def test_text_keyed_logprobs_are_mapped_to_ids_and_ambiguous_texts_are_flagged(w
 def test_an_ambiguous_generated_token_is_named_in_the_failure(workspace: Workspace) -> None:
     d = text_double(workspace, tokenize="extras", render=llama_render(workspace))
     with serve(d) as url:
-        rec = run_gate(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     for comparator in ("strict", "near_tie"):
         v = by_case(rec, comparator)["c06"]
         # c06's first ambiguous token: not a pass, not a fail, an error that says why

@@ -16,7 +16,7 @@ from harness.cli import build_parser
 from harness.kinds import KINDS, GateRequest, Judgement, staleness
 from harness.models import resolve_model
 from harness.oracle import load_or_record
-from harness.pipeline import build_record, kind_of, run_gate
+from harness.pipeline import build_record, kind_of, run_gate_by_name
 from harness.records import Record, load_record, upgrade
 from harness.report import print_record
 from harness.speed import Speed, speed_extra
@@ -133,11 +133,11 @@ def test_speed_is_opt_in_and_says_how_to_ask(workspace: Workspace, monkeypatch: 
         return Speed(c, len(cases), 256, 0.5, (), "vllm-offline")
 
     monkeypatch.setattr("harness.kinds.parity.measure_speed", fake_oracle_speed)
-    rec = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False).record
+    rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False).record
     assert calls == []
     assert rec.extra["speed"]["statement"].endswith("oracle speed not measured (make gate SPEED=1, "
                                                     "harness gate --speed)")
-    rec = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False, speed=True).record
+    rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False, speed=True).record
     assert calls == [1] and rec.extra["speed"]["statement"].startswith("candidate/oracle = ")
     assert speed_extra(None, 8, None, None)["speed"]["statement"] == "candidate speed not measured"
 
@@ -145,7 +145,7 @@ def test_speed_is_opt_in_and_says_how_to_ask(workspace: Workspace, monkeypatch: 
 def test_the_timings_line_says_which_times_are_this_runs(workspace: Workspace) -> None:
     """Regression: the oracle's engine start and generate times printed beside this run's came from
     the goldens' manifest."""
-    rec = run_gate(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False).record
+    rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False).record
     assert rec.timings["recorded_oracle_engine_start_s"] > 0 and "oracle_engine_start_s" not in rec.timings
     con = Console(record=True, width=200)
     print_record(rec, "", con)

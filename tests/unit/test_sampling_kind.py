@@ -10,7 +10,7 @@ import pytest
 
 from harness.features.cells import judge_record
 from harness.kinds import KINDS
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.sampling.doubles import FAULTS, Double
 from harness.sampling.plan import make_plan
@@ -50,7 +50,7 @@ def _run(ws: Workspace, traits=None, fault=None, **kw):
         rows, gate_settings(find_suite(ws.suites, "sampling_small")), traits.chain, traits.unsupported
     )
     runner = Double(plan, traits, fault, **kw)
-    return run_gate(
+    return run_gate_by_name(
         ws, "tiny-llama", "sampling_small", "vllm", runner=runner, options={"oracle": (rows, PROVENANCE)}
     )
 

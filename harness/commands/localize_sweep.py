@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.commands.localize import localize
 from harness.kinds.localize import KEY, divergences
-from harness.localize.cli import localize
 from harness.localize.plant import plant
 from harness.models import resolve_model
 from harness.pipeline import run_gate
+from harness.suites import find_suite
 from harness.workspace import Workspace
 
 
@@ -76,7 +77,7 @@ def sweep(ws: Workspace, model_name: str, engines: Sequence[str], layers: Sequen
           subs: Sequence[str], relatives: Sequence[float], suite: str = "smoke",
           progress: Callable[[str], None] = print) -> list[Point]:
     """Every (sub, layer, relative, engine) point; the planted copies are made once and kept."""
-    model = resolve_model(model_name, ws)
+    model, suite_ref = resolve_model(model_name, ws), find_suite(ws.suites, suite)
     points = []
     for sub in subs:
         for layer in layers:
@@ -87,7 +88,7 @@ def sweep(ws: Workspace, model_name: str, engines: Sequence[str], layers: Sequen
                 if Path.cwd().resolve() != ws.root.resolve():  # records name the copy as typed
                     path = ws.root / path
                 for engine in engines:
-                    g = run_gate(ws, model_name, suite, f"{engine}:weights={path}", auto_record=False)
+                    g = run_gate(ws, model, suite_ref, f"{engine}:weights={path}", auto_record=False)
                     rec = g.record
                     p = Point(sub, layer, rel, engine, rec.outcome, rec.summary, _rel(ws, g.path))
                     if divergences(rec):

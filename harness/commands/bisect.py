@@ -1,6 +1,6 @@
 """``harness bisect`` (``make bisect``): the subcommand, its arguments, and what it prints.
 
-Kept light at import (``harness.cli`` imports it to register the command); the work is imported
+Kept light at import (:mod:`harness.cli` imports it to register the command); the work is imported
 when the command runs.
 """
 

@@ -20,7 +20,7 @@ from harness.kinds.localize import KEY, divergences
 from harness.localize.oracle import cache_path, golden_sequence
 from harness.models import resolve_model
 from harness.oracle import oracle_available
-from harness.pipeline import GateResult, run_gate
+from harness.pipeline import GateResult, run_gate_by_name
 from harness.records import Record, load_record
 from harness.workspace import Workspace
 
@@ -35,7 +35,7 @@ def localize_args(p: argparse.ArgumentParser) -> None:
 
 def localize(ws: Workspace, source: Record, path: str, cases: str | list[str] | None = None) -> GateResult:
     """Diagnose ``source`` (a parity record) and write the ``localize`` record."""
-    return run_gate(ws, str(source.model["name"]), str(source.suite["name"]), source.candidate.name,
+    return run_gate_by_name(ws, str(source.model["name"]), str(source.suite["name"]), source.candidate.name,
                     kind=KEY, options={"source": source, "source_path": path, "cases": cases},
                     auto_record=False)
 

@@ -1,5 +1,9 @@
 """What one case of a KV round trip left behind: the facts the KV comparators judge.
 
+Below the comparators and the contracts (it imports only :mod:`harness.pages`), so that
+:mod:`harness.api` and :mod:`harness.compare` can name these types without reaching up into
+:mod:`harness.kv`, which uses both.
+
 Built by :mod:`harness.kv.roundtrip` from the two phases' captures and the engines' outputs; judged
 by ``byte_equal`` (pages) and ``kv_hits`` (how many prompt tokens the connector really served).
 """
@@ -10,8 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from harness.kv.capture import CaptureError
-from harness.kv.pages import PageRef
+from harness.pages import PageRef
+
+
+class CaptureError(ValueError):
+    """A capture folder that cannot be read; the message names the file and line."""
 
 
 class Page(Protocol):

@@ -46,8 +46,8 @@ def run_sampling(
         out.append(
             run_gate(
                 ws,
-                model_name,
-                suite_name,
+                model,
+                suite,
                 spec,
                 write=write,
                 options={"oracle": oracle, "progress": progress},

@@ -1,139 +1,32 @@
 """The engines of an invariance run: each group of the plan in one engine start, in plan order.
 
-vLLM groups run :mod:`harness.invariance.phase` in a child process group (killed, whatever
-happens, when it ends); the server group starts one OpenAI server (:class:`VLLMServer`) and replays
-the prompts at each concurrency through :class:`OpenAIRunner`; the trainer (``hf``) scores the
-rollouts' tokens through its :class:`~harness.api.TensorSource` ability. A configuration the engine
-refuses comes back as a ``refused`` group with vLLM's own reason, a crash as ``error`` with the
-log's tail — never as an exception.
+vLLM groups run :mod:`harness.invariance.phase` in one engine start each
+(:mod:`harness.engines.vllm_passes`, which the pinned vLLM's sampler shares); the server group
+starts one OpenAI server (:class:`VLLMServer`) and replays the prompts at each concurrency through
+:class:`OpenAIRunner`; the trainer (``hf``) scores the rollouts' tokens through its
+:class:`~harness.api.TensorSource` ability. A configuration the engine refuses comes back as a
+``refused`` group with vLLM's own reason, a crash as ``error`` with the log's tail — never as an
+exception.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, TensorSource
-from harness.engines import ledger
-from harness.engines.procs import engine_env, run_engine
-from harness.invariance.plan import Group, Pass, Plan
+from harness.engines.vllm_passes import GroupResult, Status
+from harness.engines.vllm_passes import output_from_line as output_from_line
+from harness.engines.vllm_passes import parse_result as parse_result
+from harness.engines.vllm_passes import run_vllm_group as run_vllm_group
+from harness.invariance.plan import Group, Plan
 from harness.models import ModelRef
 from harness.teacher import scored_output
-
-Status = Literal["ok", "refused", "error", "not run"]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class GroupResult:
-    """What one engine start produced."""
-
-    key: str
-    settings: Mapping[str, Any]
-    status: Status
-    reason: str = ""
-    log_tail: str = ""
-    version: str = ""
-    timings: Mapping[str, float] = field(default_factory=dict)
-    meta: Mapping[str, Any] = field(default_factory=dict)
-    outputs: Mapping[str, Mapping[str, Output]] = field(default_factory=dict)
-    """pass -> request key -> generation."""
-    cached: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
-    """pass -> request key -> ``num_cached_tokens`` (prefix-cache or connector hits)."""
-    scores: Mapping[str, Mapping[str, Output]] = field(default_factory=dict)
-    """pass -> request key -> prefill score of a sequence."""
-    counters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """pass -> the change of vLLM's counters over it (preemptions, speculative drafts ...)."""
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def output(self, pass_name: str, key: str) -> Output:
-        got = self.outputs.get(pass_name, {}).get(key)
-        return got if got is not None else Output(key, (), error=f"{self.key} engine: no result for "
-                                                            f"{key} in pass {pass_name}")
-
-
-def output_from_line(d: Mapping[str, Any]) -> Output:
-    """A worker's ``case`` line as an :class:`Output`."""
-    from harness.engines.vllm import output_from_fields
-
-    return output_from_fields(str(d.get("key", d.get("id", ""))), d)
-
-
-def parse_result(key: str, settings: Mapping[str, Any], lines: Sequence[Mapping[str, Any]], rc: int,
-                 log: str, timed_out: str | None = None) -> GroupResult:
-    """A phase's RESULT.jsonl (+ exit code and log) as a :class:`GroupResult`."""
-    from harness.engines.vllm import root_cause
-
-    head = lines[0] if lines else {}
-    tail = log[-4000:]
-    if timed_out:
-        return GroupResult(key, settings, "error", timed_out, tail)
-    if head.get("kind") == "refused":
-        return GroupResult(key, settings, "refused", str(head.get("reason", "")), tail)
-    complete = bool(lines) and lines[-1].get("kind") == "end"
-    if head.get("kind") != "meta" or (rc != 0 and not complete):
-        cause = root_cause(log)
-        if cause is not None:
-            return GroupResult(key, settings, cause[0], cause[1], tail)  # type: ignore[arg-type]
-        return GroupResult(key, settings, "error",
-                           str(head.get("reason") or f"the {key} engine exited with {rc}"), tail)
-    outputs: dict[str, dict[str, Output]] = {}
-    cached: dict[str, dict[str, int | None]] = {}
-    scores: dict[str, dict[str, Output]] = {}
-    counters: dict[str, dict[str, Any]] = {}
-    for d in lines[1:]:
-        kind, p = d.get("kind"), str(d.get("pass", ""))
-        if kind == "case":
-            outputs.setdefault(p, {})[d["key"]] = output_from_line(d)
-            cached.setdefault(p, {})[d["key"]] = d.get("num_cached_tokens")
-        elif kind == "score":
-            scores.setdefault(p, {})[d["key"]] = scored_output(d["key"], d["token_ids"], d["top_ids"],
-                                                               d["top_logprobs"], d["chosen_logprobs"])
-        elif kind == "counters":
-            counters[p] = {k: v for k, v in d.items() if k not in ("kind", "pass")}
-    return GroupResult(key, settings, "ok", "", "", str(head.get("version", "")),
-                       dict(head.get("timings", {})), dict(head), outputs, cached, scores, counters)
-
-
-def _score_list(p: Pass, done: Mapping[str, GroupResult]) -> list[dict[str, Any]]:
-    if p.score_from is None:
-        return []
-    src = done.get(p.score_from[0])
-    if src is None or not src.ok:
-        return []
-    prompts = {r.key: r.prompt_ids for r in p.requests}
-    return [{"key": k, "prompt_ids": list(prompts[k]), "continuation_ids": list(o.token_ids)}
-            for k, o in src.outputs.get(p.score_from[1], {}).items() if k in prompts and o.error is None]
-
-
-def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
-                   done: Mapping[str, GroupResult], timeout_s: float) -> GroupResult:
-    """One engine start running every pass of ``g`` (:mod:`harness.invariance.phase`)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    req, res, log = (folder / f"{g.key}.{x}" for x in ("request.json", "result.jsonl", "log"))
-    req.write_text(json.dumps({"model": model.path, "engine": dict(g.settings),
-                               "sampling": sampling.to_json(),
-                               "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
-    t0 = time.perf_counter()
-    done = run_engine([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)], log,
-                      timeout_s, engine_env(repo_on_path=True), cwd=folder,
-                      label=f"vLLM engine {g.key} ({model.name}): {', '.join(g.serves)}")
-    rc = done.returncode
-    timed_out = f"the {g.key} engine did not finish within {timeout_s:.0f} s" if done.timed_out else None
-    lines = [json.loads(x) for x in res.read_text().splitlines() if x.strip()] if res.exists() else []
-    head = lines[0] if lines else {}
-    ledger.record("invariance-group", model.name, (head.get("timings") or {}).get("engine_start_s"),
-                  ok=head.get("kind") == "meta", group=g.key, wall_s=time.perf_counter() - t0)
-    return parse_result(g.key, g.settings, lines, rc, log.read_text(errors="replace"), timed_out)
 
 
 def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling: Sampling,

@@ -99,8 +99,9 @@ class HFSampling:
             return_dict_in_generate=True,
         )
 
-    def _draw(self, prefix: tuple[int, ...], s: Sampling, n: int, torch: Any,
-              prefixes: dict[tuple[int, ...], Any]) -> Samples:
+    def _draw(
+        self, prefix: tuple[int, ...], s: Sampling, n: int, torch: Any, prefixes: dict[tuple[int, ...], Any]
+    ) -> Samples:
         steps = s.max_tokens
         cfg = self._config(s, steps)
         cache = self._cache(prefix, torch, prefixes)

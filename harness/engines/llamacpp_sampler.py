@@ -48,16 +48,20 @@ class LlamaCppSampling:
         req, res, log = work / "request.json", work / "result.jsonl", work / "worker.log"
         req.write_text(json.dumps(self._request(str(gguf.path), passes)))
         t0 = time.perf_counter()
-        done = run_engine([str(venv.python), str(WORKER), str(req), str(res)], log, TIMEOUT_S,
-                          label="llama.cpp draws")
+        done = run_engine(
+            [str(venv.python), str(WORKER), str(req), str(res)], log, TIMEOUT_S, label="llama.cpp draws"
+        )
         if done.timed_out:
-            raise EngineFailed(f"llama.cpp draws did not finish within {TIMEOUT_S:.0f} s",
-                               tail(log.read_text(errors="replace")))
+            raise EngineFailed(
+                f"llama.cpp draws did not finish within {TIMEOUT_S:.0f} s",
+                tail(log.read_text(errors="replace")),
+            )
         rc = done.returncode
         lines = [json.loads(x) for x in res.read_text().splitlines()] if res.exists() else []
         if rc != 0 or not lines or lines[-1].get("kind") != "end":
-            raise EngineFailed(f"the llama.cpp worker exited with {rc}",
-                               tail(log.read_text(errors="replace")))
+            raise EngineFailed(
+                f"the llama.cpp worker exited with {rc}", tail(log.read_text(errors="replace"))
+            )
         self.timings.update({**lines[0].get("timings", {}), "sample_wall_s": time.perf_counter() - t0})
         width = {(p.name, r.key): r.sampling.max_tokens for p in passes for r in p.requests}
         out: dict[str, dict[str, Samples]] = {p.name: {} for p in passes}

@@ -60,13 +60,23 @@ class PinnedVLLM(VLLMRunner):
             for r in p.requests:
                 over: dict[str, Any] = {**params(r.sampling), "max_tokens": r.sampling.max_tokens}
                 ks = keys[f"{p.name}/{r.key}"] = [f"{r.key}#{i}" for i in range(r.n)]
-                rs += [Request(k, r.prompt_ids, skip_reading=False,
-                               sampling={**over, "seed": r.sampling.seed + i}) for i, k in enumerate(ks)]
+                rs += [
+                    Request(
+                        k, r.prompt_ids, skip_reading=False, sampling={**over, "seed": r.sampling.seed + i}
+                    )
+                    for i, k in enumerate(ks)
+                ]
             phase.append(Pass(p.name, tuple(rs), mode="alone" if p.alone else "together"))
         folder = Path(tempfile.mkdtemp(prefix="sampling-vllm-", dir=self.run_dir))
         t0 = time.perf_counter()
-        g = run_vllm_group(Group("sampler", settings, tuple(phase)), self.model,
-                           Sampling(max_tokens=1, logprobs=1), folder, {}, TIMEOUT_S)
+        g = run_vllm_group(
+            Group("sampler", settings, tuple(phase)),
+            self.model,
+            Sampling(max_tokens=1, logprobs=1),
+            folder,
+            {},
+            TIMEOUT_S,
+        )
         self.timings = {**dict(g.timings), "sample_wall_s": time.perf_counter() - t0}
         if g.status == "refused":
             raise EngineRefused(g.reason)
@@ -84,13 +94,19 @@ class PinnedVLLM(VLLMRunner):
                     got[r.key] = Samples(r.key, samples(r.key, [], None, 1).tokens, error=err)
                     continue
                 lps = [list(o.chosen_logprobs) if o.chosen_logprobs is not None else [] for o in outs]
-                got[r.key] = samples(r.key, [o.token_ids for o in outs], lps if logged else None,
-                                     r.sampling.max_tokens)
+                got[r.key] = samples(
+                    r.key, [o.token_ids for o in outs], lps if logged else None, r.sampling.max_tokens
+                )
             out[p.name] = got
         return out
 
 
 @ENGINES.register("vllm", help="the pinned vLLM as a candidate (vllm:dtype=bfloat16)")
 def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> PinnedVLLM:
-    return PinnedVLLM(model, parse_options(arg, spec), name=ctx.name or spec, run_dir=ctx.run_dir,
-                      concurrency=ctx.concurrency)
+    return PinnedVLLM(
+        model,
+        parse_options(arg, spec),
+        name=ctx.name or spec,
+        run_dir=ctx.run_dir,
+        concurrency=ctx.concurrency,
+    )

@@ -62,6 +62,7 @@ class OpenAISampling:
             got = {}
             with ThreadPoolExecutor(1 if p.alone else self.options.concurrency) as pool:
                 for r in p.requests:
+
                     def one(i: int, r: SampleRequest = r) -> tuple[list[int], list[float]]:
                         return self._draw(r.prompt_ids, r.sampling, r.sampling.seed + i)
 
@@ -93,7 +94,8 @@ class OpenAISampling:
         if ids is None:
             found = [TOKEN_ID.match(t) for t in reply.lp_tokens]
             if not found or not all(found):
-                raise EngineRefused(f"{self.name}: the server returns no token ids "
-                                    f"(return_token_ids / token_id:N)")
+                raise EngineRefused(
+                    f"{self.name}: the server returns no token ids (return_token_ids / token_id:N)"
+                )
             ids = [int(m.group(1)) for m in found if m]
         return [int(t) for t in ids], [float("nan") if x is None else float(x) for x in reply.lp_chosen]

@@ -31,6 +31,7 @@ from harness.engines import (  # noqa: F401 - they register
     ortgenai,
     vllm,
     vllm_release,
+    vllm_sampler,
     vllm_server,
 )
 from harness.engines.base import ENGINES, RunnerContext, engine_key, parse_options, split_spec

@@ -37,6 +37,7 @@ from harness.engines.hf_decode import (
     tensors_forward,
     tensors_stepwise,
 )
+from harness.engines.hf_sampler import LOGPROBS, HFSampling
 from harness.engines.layer_taps import LayerTaps, family_at
 from harness.engines.weights import Weights, checkpoint_for
 from harness.models import ModelRef
@@ -45,7 +46,10 @@ from harness.teacher import scored_output
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-class HFRunner:
+class HFRunner(HFSampling):
+    """transformers in this process; it also draws samples with ``generate``'s own sampler
+    (:mod:`harness.engines.hf_sampler`: ``logprobs=processed|raw`` says which logprobs come back)."""
+
     def __init__(self, model: ModelRef, options: Mapping[str, str], name: str = "hf") -> None:
         self.name = name
         self.model = model
@@ -53,10 +57,13 @@ class HFRunner:
         self.dtype = options.get("dtype", "float32")
         self.kv = options.get("kv", "plain")
         self.decode = options.get("decode", "generate" if self.kv == "plain" else "step")
-        unknown = set(options) - {"device", "dtype", "kv", "decode", "weights"}
+        unknown = set(options) - {"device", "dtype", "kv", "decode", "weights", "logprobs"}
         if unknown:
             raise EngineRefused(f"hf: unknown option(s) {', '.join(sorted(unknown))}; "
-                                "valid: device, dtype, kv, decode, weights")
+                                "valid: device, dtype, kv, decode, weights, logprobs")
+        self.logprobs_mode = LOGPROBS.get(options.get("logprobs", "processed"), "")
+        if not self.logprobs_mode:
+            raise EngineRefused(f"{name}: logprobs must be processed or raw")
         self.weights: Weights | None = (checkpoint_for(model, options["weights"], name)
                                         if "weights" in options else None)
         if self.decode not in ("generate", "step") or (self.decode == "generate" and self.kv != "plain"):
@@ -77,7 +84,7 @@ class HFRunner:
 
     @property
     def lm(self) -> Any:
-        """The loaded transformers model (after ``start``): what the sampling driver draws with."""
+        """The loaded transformers model (after ``start``): what its sampler draws with."""
         assert self._lm is not None, "start() first"
         return self._lm
 
@@ -88,6 +95,8 @@ class HFRunner:
                           settings={"device": self.device, "dtype": self.dtype,
                                     **({"kv": self.kv} if self.kv != "plain" else {}),
                                     **({"decode": self.decode} if self.decode != "generate" else {}),
+                                    **({"logprobs": self.logprobs_mode}
+                                       if self.logprobs_mode != "processed_logprobs" else {}),
                                     **({"weights": self.weights.to_json()} if self.weights else {})})
 
     def start(self) -> None:

@@ -46,6 +46,7 @@ from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, R
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
 from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
+from harness.engines.llamacpp_sampler import LlamaCppSampling
 from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
 from harness.engines.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
@@ -130,8 +131,9 @@ class LlamaCppServer(LoopbackServer):
                 "--host", self.host, "--port", str(self.port)]
 
 
-class LlamaCppRunner(NoTensors):
-    """``llamacpp[:options]``: build (once), write the GGUF (once), start the server, gate, stop."""
+class LlamaCppRunner(NoTensors, LlamaCppSampling):
+    """``llamacpp[:options]``: build (once), write the GGUF (once), start the server, gate, stop.
+    Its sampler draws in the venv, without a server (:mod:`harness.engines.llamacpp_sampler`)."""
 
     tensors_why_not = "llama.cpp's server answers tokens and logprobs over HTTP, never its hidden states"
 
@@ -203,7 +205,7 @@ class LlamaCppRunner(NoTensors):
 
     def prepare(self) -> tuple[VenvInfo, GGUFFile]:
         """The build and the GGUF, made first when missing (what ``start`` serves, and what the
-        sampling driver loads in-process with the same ``llama_cpp``)."""
+        sampler loads in-process with the same ``llama_cpp``)."""
         t0 = time.perf_counter()
         folder = llamacpp_dir(self.repo_root, self.version)
         if not (folder / STAMP).exists():

@@ -33,7 +33,7 @@ from harness.api import (
 from harness.device import device_block, engine_fingerprint
 from harness.engines import ledger
 from harness.engines import pool as engine_pool
-from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options
+from harness.engines.base import coerce
 from harness.engines.layer_taps import family_at
 from harness.engines.procs import Exited, engine_env, run_engine
 from harness.engines.weights import Weights, checkpoint_for
@@ -345,12 +345,6 @@ def _installed_version(python: str) -> str:
         return out.stdout.strip() or "unknown"
     except (subprocess.SubprocessError, OSError):
         return "unknown"
-
-
-@ENGINES.register("vllm", help="the pinned vLLM as a candidate (vllm:dtype=bfloat16)")
-def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> VLLMRunner:
-    return VLLMRunner(model, parse_options(arg, spec), name=ctx.name or spec, run_dir=ctx.run_dir,
-                      concurrency=ctx.concurrency)
 
 
 def output_from_fields(case_id: str, d: Mapping[str, Any], *, error: str | None = None,

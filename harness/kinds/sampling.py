@@ -2,8 +2,10 @@
 
 prepare: the suite's ``[sampling_gate]`` table; the oracle's greedy continuations and raw logits at
 the tests' prefixes (the pinned vLLM, one start; ``make sampling`` shares one oracle run between
-its candidates); the candidate's sampling driver and its documented chain; the tests, each with
-its reference and its number of draws (:mod:`harness.sampling.plan`).
+its candidates); the candidate's runner, made from its spec as in every gate, and its
+:class:`~harness.api.Sampler` ability (an engine without one is refused, naming those with one)
+with its documented chain; the tests, each with its reference and its number of draws
+(:mod:`harness.sampling.plan`).
 run: the candidate draws, in one engine start — every test, then the determinism lanes.
 judge: support checks, fits under Holm, determinism, logprobs (:mod:`harness.sampling.judge`);
 the planted samplers through the same judge, with the power stated against each, and the correct
@@ -20,11 +22,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.api import EngineFailed, EngineInfo, EngineRefused, Sampler, Samples, Verdict, failure_verdicts
-from harness.engines import RunnerContext, split_spec
+from harness.api import (
+    EngineFailed,
+    EngineInfo,
+    EngineRefused,
+    Runner,
+    Sampler,
+    SamplerTraits,
+    Samples,
+    Verdict,
+    failure_verdicts,
+)
+from harness.engines import RunnerContext, make_runner, split_spec
 from harness.excerpt import first_line
 from harness.kinds.base import GateRequest, Judgement, register_kind
-from harness.sampling.engines import make_sampler
 from harness.sampling.settings import GateSettings, gate_settings
 from harness.sampling.transforms import CHAINS
 from harness.staleness import reference_reasons
@@ -33,16 +44,22 @@ from harness.workspace import Workspace
 if TYPE_CHECKING:  # the statistics (scipy) load when a sampling gate runs, not with the kinds
     from harness.sampling.plan import OracleRows, Plan
 
+SAMPLING_ENGINES = ("vllm", "hf", "llamacpp", "openai:<url>", "vllm-server")
+"""The engines whose runner has the :class:`~harness.api.Sampler` ability (named in a refusal)."""
+CONCURRENCY = 8
+"""Requests in flight for an engine that takes several (a server), unless the gate names one."""
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Prepared:
     gs: GateSettings
     rows: tuple[OracleRows, ...]
     oracle: Mapping[str, Any]
-    sampler: Sampler | None
+    runner: Runner | None
+    traits: SamplerTraits | None
     plan: Plan | None
     failure: tuple[str, str] | None = None
-    """(``refused``|``error``, reason) when no driver could be made for the candidate."""
+    """(``refused``|``error``, reason) when the candidate cannot draw (no runner, no sampler)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -77,32 +94,32 @@ class SamplingKind:
             rows, prov = oracle_rows(ws, req.model, req.suite, gs)
         else:
             rows, prov = given
+        ctx = RunnerContext(run_dir=ws.runs, name=req.candidate, concurrency=req.concurrency or CONCURRENCY)
+        runner = None
         try:
-            sampler = (
-                req.runner
-                if isinstance(req.runner, Sampler)
-                else make_sampler(
-                    req.candidate, req.model, RunnerContext(run_dir=ws.runs, name=req.candidate)
+            runner = req.runner or make_runner(req.candidate, req.model, ctx)
+            if not isinstance(runner, Sampler):
+                raise EngineRefused(
+                    f"{req.candidate}: this engine cannot draw with its own sampler (its runner has no "
+                    f"Sampler ability); engines that can: {', '.join(SAMPLING_ENGINES)}"
                 )
-            )
+            traits = runner.sampler_traits()
         except EngineRefused as e:
-            return Prepared(gs, tuple(rows), prov, None, None, ("refused", str(e)))
-        traits = sampler.traits()
+            return Prepared(gs, tuple(rows), prov, runner, None, None, ("refused", str(e)))
         from harness.sampling.plan import make_plan
 
         plan = make_plan(rows, gs, traits.chain, traits.unsupported)
-        return Prepared(gs, tuple(rows), prov, sampler, plan)
+        return Prepared(gs, tuple(rows), prov, runner, traits, plan)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Ran:
-        if prepared.sampler is None or prepared.plan is None:
+        s, plan, traits = prepared.runner, prepared.plan, prepared.traits
+        if not isinstance(s, Sampler) or plan is None or traits is None:
             return Ran()
-        s, plan = prepared.sampler, prepared.plan
-        lanes = ("repeat", "alone") if s.traits().seed_scope == "request" else ("repeat",)
+        lanes = ("repeat", "alone") if traits.seed_scope == "request" else ("repeat",)
         _say(req, f"{req.candidate}: {plan.total_draws} draws over {len(plan.tests)} tests, "
                   f"lanes {', '.join(lanes)}")
         t0 = time.perf_counter()
-        try:
-            s.start()
+        try:  # no start: the engine starts what its draws need (the Sampler ability's contract)
             results = s.sample(plan.passes(lanes))
             facts = s.facts()
             return Ran(
@@ -121,10 +138,10 @@ class SamplingKind:
         plan, decode = prepared.plan, req.model.decode
         oracle = {"role": "reference distribution", **dict(prepared.oracle)}
         failure = prepared.failure or (ran.failure[:2] if ran.failure else None)
-        if failure is not None or plan is None or prepared.sampler is None:
+        if failure is not None or plan is None or prepared.traits is None:
             status, reason = failure or ("error", "no sampling plan")
             tail = ran.failure[2] if ran.failure else ""
-            info = _info(prepared.sampler, req.candidate)
+            info = _info(prepared.runner, req.candidate)
             names = sorted({f"sampling.{s.param}" for s in prepared.gs.settings})
             vs = tuple(failure_verdicts(names, ["all"], status, reason, tail))  # type: ignore[arg-type]
             return Judgement(
@@ -137,7 +154,7 @@ class SamplingKind:
                 extra={"engine_refused": reason} if status == "refused" else {},
                 reference=oracle,
             )
-        traits = prepared.sampler.traits()
+        traits = prepared.traits
         t0 = time.perf_counter()
         verdicts, outs, rejected = judge.verdicts(plan, ran.results, traits, decode)
         t_judge = time.perf_counter() - t0
@@ -184,7 +201,7 @@ class SamplingKind:
             "controls_s": t_controls,
             **{f"oracle_{k}": float(v) for k, v in (prepared.oracle.get("timings") or {}).items()},
         }
-        info = ran.info or _info(prepared.sampler, req.candidate)
+        info = ran.info or _info(prepared.runner, req.candidate)
         return Judgement(
             label=req.candidate,
             candidate=info,
@@ -198,10 +215,10 @@ class SamplingKind:
         )
 
 
-def _info(sampler: Sampler | None, spec: str) -> EngineInfo:
-    if sampler is not None:
+def _info(runner: Runner | None, spec: str) -> EngineInfo:
+    if runner is not None:
         try:
-            return sampler.info()
+            return runner.info()
         except Exception:  # noqa: BLE001 - an engine that never started may not know its version
             pass
     return EngineInfo(spec, split_spec(spec)[0], "unknown")

@@ -8,5 +8,6 @@
 * :mod:`.oracle`     the oracle's raw logits at the tests' prefixes (teacher forcing, pinned vLLM)
 * :mod:`.judge`      draws -> support checks, fit, determinism and logprob verdicts
 * :mod:`.doubles`    planted samplers (the controls) and the correct double's false-positive rate
-* :mod:`.engines`    the sampling drivers: vLLM, transformers, llama.cpp, OpenAI-compatible servers
+* :mod:`.engines`    the llama.cpp draws' worker; each engine's sampler is an ability of its runner
+                     (:class:`~harness.api.Sampler`, in :mod:`harness.engines`)
 """

@@ -1,42 +1,144 @@
-"""The sampling drivers' plumbing (the draws themselves: the records and the integration test)."""
+"""Each engine's sampler as an ability of its runner, made through the one engine registry (the draws
+themselves: the records and the integration test), and the openai sampler through the runner's own
+HTTP transport against the planted-fault double."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from harness.api import EngineRefused, Sampler
-from harness.engines import RunnerContext
+from harness.api import EngineFailed, EngineRefused, Runner, SamplePass, Sampler, SampleRequest, Sampling
+from harness.engines import RunnerContext, make_runner
+from harness.engines.draws import PARAMS, samples
+from harness.goldens import golden_dir, read_golden
+from harness.kinds.sampling import SAMPLING_ENGINES
 from harness.models import resolve_model
-from harness.sampling.engines import SAMPLERS, make_sampler
-from harness.sampling.engines.base import PARAMS, samples
+from harness.pipeline import run_gate
+from harness.records import load_record
+from harness.registry import UnknownName
 from harness.sampling.transforms import CHAINS, PARAMETERS
 from harness.workspace import Workspace
+from tests.unit import sampling_kit as kit
+from tests.unit.openai_double import Double, serve
 
 
-def test_every_driver_is_a_sampler_and_names_a_known_chain(workspace: Workspace) -> None:
+def test_every_sampling_engine_is_a_runner_with_the_ability_and_a_known_chain(workspace: Workspace) -> None:
     model = resolve_model("tiny-llama", workspace)
-    for spec in ("vllm", "vllm:logprobs_mode=processed_logprobs", "hf", "hf:logprobs=raw", "llamacpp",
-                 "openai:http://127.0.0.1:9,chain=llama.cpp"):
-        s = make_sampler(spec, model, RunnerContext(run_dir=workspace.runs))
-        assert isinstance(s, Sampler), spec
-        assert s.traits().chain in CHAINS
-    assert make_sampler("vllm:logprobs_mode=processed_logprobs", model).traits().logprobs_mode == "processed_logprobs"
-    assert make_sampler("hf:logprobs=raw", model).traits().logprobs_mode == "raw_logprobs"
-    assert set(SAMPLERS) == {"vllm", "hf", "llamacpp", "openai"}
+    ctx = RunnerContext(run_dir=workspace.runs)
+    named = [s.replace("<url>", "http://127.0.0.1:9") for s in SAMPLING_ENGINES]
+    for spec in (
+        *named,
+        "vllm:logprobs_mode=processed_logprobs",
+        "hf:logprobs=raw",
+        "openai:http://127.0.0.1:9,chain=llama.cpp",
+        "vllm-server:logprobs_mode=processed_logprobs",
+    ):
+        r = make_runner(spec, model, ctx)
+        assert isinstance(r, Runner) and isinstance(r, Sampler), spec
+        assert r.sampler_traits().chain in CHAINS, spec
+    assert make_runner("vllm:logprobs_mode=processed_logprobs", model).sampler_traits().logprobs_mode == (
+        "processed_logprobs"
+    )
+    assert make_runner("hf:logprobs=raw", model).sampler_traits().logprobs_mode == "raw_logprobs"
+    assert make_runner("hf", model).sampler_traits().unsupported  # no presence/frequency penalty
+    assert (
+        make_runner("openai:http://127.0.0.1:9,chain=llama.cpp", model).sampler_traits().chain == "llama.cpp"
+    )
+    # another vLLM release is not driven offline: it has no sampler (serve it: vllm-server@<version>)
+    assert not isinstance(make_runner("vllm@0.31.0", model, ctx), Sampler)
 
 
-def test_an_engine_without_a_driver_is_refused_by_name(workspace: Workspace) -> None:
+def test_bad_sampler_options_are_refused_naming_them(workspace: Workspace) -> None:
     model = resolve_model("tiny-llama", workspace)
-    with pytest.raises(EngineRefused, match=r"no sampling driver for engine 'vllm@' \(there are: "):
-        make_sampler("vllm@0.31.0", model)
     with pytest.raises(EngineRefused, match="chain 'vlm' is not one of"):
-        make_sampler("openai:http://127.0.0.1:9,chain=vlm", model)
+        make_runner("openai:http://127.0.0.1:9,chain=vlm", model)
+    with pytest.raises(EngineRefused, match="logprobs_mode 'cooked' is not one of"):
+        make_runner("openai:http://127.0.0.1:9,logprobs_mode=cooked", model)
     with pytest.raises(EngineRefused, match="logprobs must be processed or raw"):
-        make_sampler("hf:logprobs=maybe", model)
+        make_runner("hf:logprobs=maybe", model)
+    with pytest.raises(EngineRefused, match="logprobs_mode 'odd' is not one of"):
+        make_runner("vllm:logprobs_mode=odd", model).sampler_traits()  # type: ignore[attr-defined]
 
 
-def test_every_driver_passes_every_parameter() -> None:
+def _gate(ws: Workspace, spec: str):  # noqa: ANN202
+    rows = kit.oracle(2, vocab=512, spread=0.7)
+    return run_gate(ws, "tiny-llama", "sampling_small", spec, options={"oracle": (rows, {"spec": "vllm"})})
+
+
+def test_an_engine_without_a_sampler_is_refused_naming_those_with_one(workspace: Workspace) -> None:
+    rec = load_record(_gate(workspace, "vllm@0.31.0").path)
+    assert rec.outcome == "refused" or {v.status for v in rec.verdicts} == {"refused"}, rec.summary
+    reason = rec.verdicts[0].detail
+    assert "no Sampler ability" in reason and all(e in reason for e in SAMPLING_ENGINES), reason
+
+
+def test_an_unknown_engine_is_answered_with_the_closest_names(workspace: Workspace) -> None:
+    with pytest.raises(UnknownName, match="Did you mean 'vllm'"):
+        _gate(workspace, "vlm")
+
+
+def _openai_double(ws: Workspace, **kw: object) -> tuple[Double, tuple[int, ...], tuple[int, ...]]:
+    model = resolve_model("tiny-llama", ws)
+    g = read_golden(golden_dir(ws.goldens, model, "smoke"), model_name="tiny-llama", suite_name="smoke")
+    case = g.cases[0]
+    d = Double({c.prompt_ids: (c.id, g.outputs[c.id]) for c in g.cases}, **kw)  # type: ignore[arg-type]
+    return d, case.prompt_ids, g.outputs[case.id].token_ids
+
+
+def test_the_openai_sampler_sends_the_key_retries_and_passes_every_parameter(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = resolve_model("tiny-llama", workspace)
+    monkeypatch.setenv("SAMPLER_KEY", "sk-planted-secret")
+    d, prompt, golden = _openai_double(workspace, api_key="sk-planted-secret")
+    cid = d.answers[prompt][0]
+    d.faults[cid] = "5xx-once"
+    s = Sampling(max_tokens=3, temperature=0.7, seed=11, top_k=5, top_p=0.9)
+    with serve(d) as url:
+        r = make_runner(f"openai:{url},key_env=SAMPLER_KEY,retries=2,timeout=5,c=2", model)
+        assert isinstance(r, Sampler)
+        got = r.sample([SamplePass("main", (SampleRequest("t", prompt, s, 3),))])["main"]["t"]
+    assert got.error is None and got.tokens.tolist() == [list(golden[:3])] * 3
+    assert got.logprobs is not None and np.isfinite(got.logprobs).all()
+    assert d.attempts[cid] == 4  # the 503 was retried through the runner's transport
+    assert set(d.auth_seen) == {"Bearer sk-planted-secret"}
+    draws = [b for b in d.bodies if b.get("max_tokens") == 3]
+    seeds = [b["seed"] for b in draws]  # the one answered 503 is sent again: whichever came first
+    assert len(seeds) == 4 and sorted(set(seeds)) == [11, 12, 13]
+    assert all(
+        b["top_k"] == 5
+        and b["top_p"] == 0.9
+        and b["temperature"] == 0.7
+        and b["n"] == 1
+        and set(PARAMS) <= set(b)
+        and not b.get("stream")
+        for b in draws
+    )
+    assert r.info().engine == "double"
+
+
+def test_a_server_that_keeps_failing_fails_the_draws_with_its_redacted_answer(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = resolve_model("tiny-llama", workspace)
+    d, prompt, _ = _openai_double(workspace)
+    d.faults[d.answers[prompt][0]] = "5xx"
+    monkeypatch.setenv("SAMPLER_KEY", "try")  # the double's answer says "try later": redacted
+    with serve(d) as url:
+        r = make_runner(f"openai:{url},key_env=SAMPLER_KEY,retries=1,timeout=5", model)
+        assert isinstance(r, Sampler)
+        with pytest.raises(EngineFailed, match=r"HTTP 503.*\*\*\* later") as e:
+            r.sample(
+                [
+                    SamplePass(
+                        "main", (SampleRequest("t", prompt, Sampling(max_tokens=3, temperature=1.0), 1),)
+                    )
+                ]
+            )
+    assert "try" not in str(e.value).split("HTTP 503")[1]
+
+
+def test_every_sampler_passes_every_parameter() -> None:
     assert set(PARAMS) == set(PARAMETERS)  # no engine default (a server's top_k 40) can sneak in
 
 

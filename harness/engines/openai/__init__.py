@@ -21,6 +21,9 @@ suite, streamed so that time to first token can be measured. Options follow the 
                    text when the server refuses ids; the default)
 ``body.<field>``   an engine-specific request field sent with every request, e.g.
                    ``body.repeat_penalty=1.0`` (JSON values; the record keeps them)
+``chain``          the sampling gate: the sampler chain the server documents (``vllm``, the
+                   default; ``llama.cpp``, ``transformers``)
+``logprobs_mode``  the sampling gate: which logprobs its draws carry (``raw_logprobs``, the default)
 =================  ===========================================================================
 
 **Text prompts.** A server that refuses token-id prompts gets each case's text instead, and the
@@ -42,7 +45,8 @@ excerpt of the response; the other cases still run.
 
 The jobs, one module each: :mod:`.options` (the spec and the request body), :mod:`.transport`
 (HTTP, streams, faults), :mod:`.probe` (what this server returns), :mod:`.reply` (a reply ->
-an :class:`~harness.api.Output`) and :mod:`.runner` (the :class:`~harness.api.Runner`).
+an :class:`~harness.api.Output`), :mod:`.runner` (the :class:`~harness.api.Runner`) and
+:mod:`.sampler` (its :class:`~harness.api.Sampler` ability: seeded draws for the sampling gate).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from harness.api import EngineRefused
+from harness.sampling.transforms import CHAINS
 
 OWNED = frozenset({"model", "prompt", "max_tokens", "logprobs", "stream", "stream_options", "echo", "n",
                    "best_of"})
@@ -38,6 +39,11 @@ class OpenAIOptions:
     """``ids``, ``text`` or ``auto`` (ids; text when the server refuses ids)."""
     body: tuple[tuple[str, Any], ...] = ()
     """Engine-specific request fields (``body.<field>=<value>``), sent with every request."""
+    chain: str = "vllm"
+    """The sampler chain the server documents (:data:`harness.sampling.transforms.CHAINS`): what
+    the sampling gate judges its draws against."""
+    logprobs_mode: str = "raw_logprobs"
+    """Which logprobs its draws come with (vLLM's ``--logprobs-mode``; its default is raw)."""
 
     def settings(self) -> dict[str, Any]:
         """For the record: everything but the key itself."""
@@ -68,7 +74,8 @@ class OpenAIOptions:
 
 
 OPTION_KEYS = ("c", "model", "key_env", "timeout", "request_timeout", "retries", "breaker", "wait",
-               "stream", "prompts", "body.<field>")
+               "stream", "prompts", "chain", "logprobs_mode", "body.<field>")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits", "none")
 
 
 def body_value(text: str) -> Any:
@@ -127,6 +134,11 @@ def parse_openai_spec(spec: str, arg: str | None, concurrency: int = 1) -> OpenA
                 if value not in ("ids", "text", "auto"):
                     raise ValueError(value)
                 opts["prompts"] = value
+            elif key == "chain" and value not in CHAINS:
+                raise EngineRefused(f"candidate {spec!r}: chain {value!r} is not one of {', '.join(CHAINS)}")
+            elif key == "logprobs_mode" and value not in LOGPROBS_MODES:
+                raise EngineRefused(f"candidate {spec!r}: logprobs_mode {value!r} is not one of "
+                                    f"{', '.join(LOGPROBS_MODES)}")
             else:
                 opts[key] = value
         except ValueError:

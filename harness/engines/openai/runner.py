@@ -17,6 +17,7 @@ from harness.engines.base import NoTensors
 from harness.engines.openai.options import OpenAIOptions
 from harness.engines.openai.probe import Prober
 from harness.engines.openai.reply import ReplyDecoder, ServerProtocol
+from harness.engines.openai.sampler import OpenAISampling
 from harness.engines.openai.transport import Fault, Transport
 from harness.engines.server_text import ids_from_echo, tokenize_endpoint
 from harness.excerpt import clip
@@ -24,8 +25,9 @@ from harness.models import ModelRef
 from harness.speed import Speed
 
 
-class OpenAIRunner(NoTensors):
-    """A candidate reached over HTTP. ``watch`` (optional) says why the server died, if it did."""
+class OpenAIRunner(NoTensors, OpenAISampling):
+    """A candidate reached over HTTP. ``watch`` (optional) says why the server died, if it did.
+    It also draws samples with the server's own sampler (:mod:`.sampler`)."""
 
     tensors_why_not = "an OpenAI-compatible server answers tokens and logprobs, never its hidden states"
 

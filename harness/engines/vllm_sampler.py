@@ -1,4 +1,5 @@
-"""``vllm``: the pinned vLLM's own sampler, offline.
+"""``vllm``: the pinned vLLM as the registry makes it — :class:`~harness.engines.vllm.VLLMRunner`
+with the :class:`~harness.api.Sampler` ability, its own sampler offline.
 
 Every draw is one request (``max_tokens`` = the test's steps, ``logprobs=1``, the draw's own seed),
 all of a pass in one ``generate`` call, every pass in one engine start: the invariance kind's
@@ -8,93 +9,68 @@ its draws must not depend on the batch: the ``alone`` pass runs the determinism 
 ``generate`` call each.
 
 ``vllm:logprobs_mode=processed_logprobs`` (any option ``vllm.LLM`` takes) is passed on; the mode is
-what the logprob check judges against. Other vLLM releases are not driven offline here (the
-passes run in this venv's vLLM): serve one and use ``openai:<url>``.
+what the logprob check judges against. Other vLLM releases are not driven offline here (the passes
+run in this venv's vLLM): ``vllm@<version>`` has no sampler; serve it (``vllm-server@<version>``).
+The ability sits here, not in :mod:`harness.engines.vllm`, because the passes' runner
+(:mod:`harness.engines.vllm_passes`) itself reads results with that module.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.api import (
-    EngineFailed,
-    EngineInfo,
-    EngineRefused,
-    RunFacts,
-    SamplePass,
-    SamplerTraits,
-    Samples,
-    Sampling,
-)
-from harness.engines import RunnerContext, make_runner
+from harness.api import EngineFailed, EngineRefused, SamplePass, SamplerTraits, Samples, Sampling
+from harness.engines.base import ENGINES, RunnerContext, parse_options
+from harness.engines.draws import params, samples
 from harness.engines.vllm import VLLMRunner
+from harness.engines.vllm_passes import run_vllm_group
 from harness.invariance.plan import Group, Pass, Request
-from harness.invariance.run import run_vllm_group
 from harness.models import ModelRef
-from harness.sampling.engines.base import SAMPLERS, params, samples
 
 TIMEOUT_S = float(os.environ.get("HARNESS_SAMPLING_TIMEOUT_S", "5400"))
 MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits")
+JUDGED = ("raw_logprobs", "processed_logprobs")
 
 
-class VLLMSampler:
-    def __init__(self, spec: str, model: ModelRef, ctx: RunnerContext) -> None:
-        runner = make_runner(spec, model, ctx)
-        if not isinstance(runner, VLLMRunner) or runner.python != sys.executable:
-            raise EngineRefused(
-                f"{spec}: the sampling gate drives the pinned vLLM offline; serve another "
-                f"release and gate it as openai:<url>"
-            )
-        self.runner = runner
-        self.name = runner.name
-        self.model = model
-        self.run_dir = ctx.run_dir
-        self.settings = {**runner.settings, "enable_prefix_caching": True}
-        self.mode = str(self.settings.get("logprobs_mode", "raw_logprobs"))
-        if self.mode not in MODES:
-            raise EngineRefused(f"{spec}: logprobs_mode {self.mode!r} is not one of {', '.join(MODES)}")
-        self.version = ""
-        self.timings: dict[str, float] = {}
+class PinnedVLLM(VLLMRunner):
+    """The pinned vLLM (``vllm`` / ``vllm:<options>``): a :class:`VLLMRunner` that also samples."""
 
-    def traits(self) -> SamplerTraits:
-        mode = (
-            self.mode if self.mode in ("raw_logprobs", "processed_logprobs") else f"{self.mode} (not judged)"
-        )
-        return SamplerTraits("vllm", mode, "request")
+    def sampler_traits(self) -> SamplerTraits:
+        mode = self._mode()
+        return SamplerTraits("vllm", mode if mode in JUDGED else f"{mode} (not judged)", "request")
 
-    def info(self) -> EngineInfo:
-        base = self.runner.info()
-        return EngineInfo(self.name, "vllm", self.version or base.version, settings=dict(self.settings))
-
-    def start(self) -> None:
-        """The engine starts inside ``sample`` (one child process for every pass)."""
+    def _mode(self) -> str:
+        mode = str(self.settings.get("logprobs_mode", "raw_logprobs"))
+        if mode not in MODES:
+            raise EngineRefused(f"{self.name}: logprobs_mode {mode!r} is not one of {', '.join(MODES)}")
+        return mode
 
     def sample(self, passes: Sequence[SamplePass]) -> dict[str, dict[str, Samples]]:
-        reqs: dict[str, list[str]] = {}
+        settings = {**self.settings, "enable_prefix_caching": True}
+        logged = self._mode() in JUDGED
+        keys: dict[str, list[str]] = {}
         phase = []
         for p in passes:
             rs = []
             for r in p.requests:
                 over: dict[str, Any] = {**params(r.sampling), "max_tokens": r.sampling.max_tokens}
-                keys = [f"{r.key}#{i}" for i in range(r.n)]
-                reqs[f"{p.name}/{r.key}"] = keys
+                ks = keys[f"{p.name}/{r.key}"] = [f"{r.key}#{i}" for i in range(r.n)]
                 rs += [
                     Request(
                         k, r.prompt_ids, skip_reading=False, sampling={**over, "seed": r.sampling.seed + i}
                     )
-                    for i, k in enumerate(keys)
+                    for i, k in enumerate(ks)
                 ]
             phase.append(Pass(p.name, tuple(rs), mode="alone" if p.alone else "together"))
         folder = Path(tempfile.mkdtemp(prefix="sampling-vllm-", dir=self.run_dir))
         t0 = time.perf_counter()
         g = run_vllm_group(
-            Group("sampler", self.settings, tuple(phase)),
+            Group("sampler", settings, tuple(phase)),
             self.model,
             Sampling(max_tokens=1, logprobs=1),
             folder,
@@ -106,13 +82,13 @@ class VLLMSampler:
             raise EngineRefused(g.reason)
         if not g.ok:
             raise EngineFailed(g.reason, g.log_tail)
-        self.version = g.version
-        logged = self.mode in ("raw_logprobs", "processed_logprobs")
+        self.meta["version"] = g.version
+        self.settings = settings  # what drew, for the record
         out: dict[str, dict[str, Samples]] = {}
         for p in passes:
             got: dict[str, Samples] = {}
             for r in p.requests:
-                outs = [g.output(p.name, k) for k in reqs[f"{p.name}/{r.key}"]]
+                outs = [g.output(p.name, k) for k in keys[f"{p.name}/{r.key}"]]
                 err = next((o.error for o in outs if o.error), None)
                 if err:
                     got[r.key] = Samples(r.key, samples(r.key, [], None, 1).tokens, error=err)
@@ -124,13 +100,13 @@ class VLLMSampler:
             out[p.name] = got
         return out
 
-    def facts(self) -> RunFacts:
-        return RunFacts(timings=dict(self.timings))
 
-    def close(self) -> None:
-        """The child process has exited by the time ``sample`` returns."""
-
-
-@SAMPLERS.register("vllm", help="the pinned vLLM offline, one seeded request per draw")
-def _factory(spec: str, model: ModelRef, ctx: RunnerContext) -> VLLMSampler:
-    return VLLMSampler(spec, model, ctx)
+@ENGINES.register("vllm", help="the pinned vLLM as a candidate (vllm:dtype=bfloat16)")
+def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> PinnedVLLM:
+    return PinnedVLLM(
+        model,
+        parse_options(arg, spec),
+        name=ctx.name or spec,
+        run_dir=ctx.run_dir,
+        concurrency=ctx.concurrency,
+    )

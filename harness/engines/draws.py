@@ -1,19 +1,13 @@
-"""The sampling drivers' registry and what they share."""
+"""What every engine's :class:`~harness.api.Sampler` shares: the sampling parameters it passes, all
+of them, every time, and its draws as arrays."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from harness.api import Sampler, Samples, Sampling
-from harness.engines import RunnerContext
-from harness.models import ModelRef
-from harness.registry import Registry
-
-SamplerFactory = Callable[[str, ModelRef, RunnerContext], Sampler]
-SAMPLERS: Registry[SamplerFactory] = Registry("sampling driver")
-"""Engine name (the spec's part before ``:``) -> factory(spec, model, context)."""
+from harness.api import Samples, Sampling
 
 PARAMS = (
     "temperature",
@@ -24,7 +18,7 @@ PARAMS = (
     "presence_penalty",
     "frequency_penalty",
 )
-"""The :class:`~harness.api.Sampling` fields every driver passes to its engine, all of them, every
+"""The :class:`~harness.api.Sampling` fields every sampler passes to its engine, all of them, every
 time: an engine default (a model's generation config, a server's top-k 40) never sneaks in."""
 
 

@@ -13,7 +13,7 @@ from harness.engines.draws import PARAMS, samples
 from harness.goldens import golden_dir, read_golden
 from harness.kinds.sampling import SAMPLING_ENGINES
 from harness.models import resolve_model
-from harness.pipeline import run_gate
+from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.registry import UnknownName
 from harness.sampling.transforms import CHAINS, PARAMETERS
@@ -62,7 +62,7 @@ def test_bad_sampler_options_are_refused_naming_them(workspace: Workspace) -> No
 
 def _gate(ws: Workspace, spec: str):  # noqa: ANN202
     rows = kit.oracle(2, vocab=512, spread=0.7)
-    return run_gate(ws, "tiny-llama", "sampling_small", spec, options={"oracle": (rows, {"spec": "vllm"})})
+    return run_gate_by_name(ws, "tiny-llama", "sampling_small", spec, options={"oracle": (rows, {"spec": "vllm"})})
 
 
 def test_an_engine_without_a_sampler_is_refused_naming_those_with_one(workspace: Workspace) -> None:

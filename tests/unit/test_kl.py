@@ -76,8 +76,19 @@ def test_kl_is_non_negative_and_topk_is_a_lower_bound(a: np.ndarray, b: np.ndarr
     lower = kl_rows(align(ot, ct, "c"), "topk").kl
     assert np.all(lower >= 0)
     # data processing inequality: a partition never adds KL (up to the float32 rounding of the
-    # logprob rows, the same relative 1e-4 the full-vocab value is held to above)
-    assert np.all(lower <= kl * (1 + 1e-4) + 1e-5)
+    # logprob rows, the same relative 1e-4 the full-vocab value is held to above). The rest
+    # bucket's candidate mass is 1 - (the shared ids' mass): where it is tiny, the rows' float32
+    # rounding (~1e-6 of each mass) is a large part of it, and its log term moves by about
+    # p_rest * 1e-6 / q_rest, allowed for row by row (a=[0,0,0,0], b=[3,0,3,-8], k=3 needs it).
+    top_a = np.argsort(-lp_a, axis=1, kind="stable")[:, :k]
+    top_b = np.argsort(-lp_b, axis=1, kind="stable")[:, :k]
+    slack = np.empty(t)
+    for r in range(t):
+        shared = np.intersect1d(top_a[r], top_b[r])
+        p_rest = max(1.0 - np.exp(lp_a[r, shared]).sum(), 0.0)
+        q_rest = max(1.0 - np.exp(lp_b[r, shared]).sum(), 1e-12)
+        slack[r] = p_rest * 2e-6 / q_rest
+    assert np.all(lower <= kl * (1 + 1e-4) + 1e-5 + slack)
 
 
 def test_full_and_topk_agree_when_k_is_the_vocabulary() -> None:

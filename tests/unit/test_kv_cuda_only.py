@@ -43,3 +43,55 @@ def test_other_failures_are_not_taken_for_it() -> None:
     assert (
         bare == "X needs CUDA and this host has none (AssertionError: Torch not compiled with CUDA enabled)"
     )
+
+
+CONNECTOR_SOURCE = """
+class SharedStorageConnector(KVConnectorBase_V1):
+    def start_load_kv(self, forward_context, **kwargs):
+        for layer in layers:
+            kv_cache = safetensors.torch.load_file(filename)["kv_cache"].cuda()
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        torch.cuda.synchronize  # an attribute, not a move to CUDA
+"""
+
+
+def test_the_wheel_tells_which_methods_move_kv_to_cuda() -> None:
+    from harness.kv.cuda_only import cuda_calls_in_source
+
+    assert cuda_calls_in_source(CONNECTOR_SOURCE, "SharedStorageConnector") == ["start_load_kv:5"]
+    moved = CONNECTOR_SOURCE.replace(".cuda()", ".to(kv_cache_layer.device)")
+    assert cuda_calls_in_source(moved, "SharedStorageConnector") == []
+    assert cuda_calls_in_source(CONNECTOR_SOURCE, "ExampleConnector") == []
+
+
+def test_a_release_whose_connector_needs_cuda_is_a_named_skip_before_install(monkeypatch) -> None:
+    """Under its old name too: ExampleConnector is SharedStorageConnector in older releases."""
+    from pathlib import Path
+
+    import vllm
+
+    import harness.engines.wheels as wheels
+    import harness.kv.cuda_only as cuda_only_mod
+    from harness.kinds.kv_roundtrip import preflight
+    from harness.kv.compat import BASE_FILE
+    from harness.kv.config import parse_connector
+
+    base = (Path(vllm.__file__).parents[1] / BASE_FILE).read_text()
+    old = "vllm/distributed/kv_transfer/kv_connector/v1/shared_storage_connector.py"
+    monkeypatch.setattr(
+        wheels,
+        "wheel_files",
+        lambda v, want: {
+            n: b for n, b in {BASE_FILE: base.encode(), old: CONNECTOR_SOURCE.encode()}.items() if want(n)
+        },
+    )
+    monkeypatch.setattr(cuda_only_mod, "host_has_cuda", lambda: False)
+    lacks = preflight("0.12.0", parse_connector("ExampleConnector"))
+    assert lacks is not None and lacks["reason"] == (
+        f"vLLM 0.12.0 cannot run on this machine: SharedStorageConnector moves KV to CUDA ({old}: "
+        "start_load_kv:5) and this host has none"
+    )
+    assert preflight("0.12.0", None) is None  # the harness store: nothing to say
+    monkeypatch.setattr(cuda_only_mod, "host_has_cuda", lambda: True)
+    assert preflight("0.12.0", parse_connector("ExampleConnector")) is None  # a CUDA host runs it

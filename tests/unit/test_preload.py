@@ -116,7 +116,7 @@ def test_a_release_that_would_refuse_to_start_is_a_named_skip_before_it_is_insta
     import harness.engines.venvs as venvs
     import harness.engines.wheels as wheels
     from harness.kv.compat import BASE_FILE
-    from harness.pipeline import run_gate
+    from harness.pipeline import run_gate_by_name
 
     monkeypatch.setenv("HARNESS_VENVS", str(tmp_path / "venvs"))
     monkeypatch.setattr(preload, "SYSTEM_DIRS", ())
@@ -128,7 +128,7 @@ def test_a_release_that_would_refuse_to_start_is_a_named_skip_before_it_is_insta
     monkeypatch.setattr(
         venvs, "ensure_vllm_venv", lambda *a: pytest.fail("a release that cannot start is not installed")
     )
-    rec = run_gate(
+    rec = run_gate_by_name(
         workspace,
         "tiny-llama",
         "kv_roundtrip",

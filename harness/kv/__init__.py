@@ -5,6 +5,7 @@ Read in this order:
 * :mod:`harness.pages` (below this package: the comparators use it too) page identity (a hash
                    of the token prefix, never a block id), the hit rule
 * ``digest.py``    page digests in plain torch integer ops: on the GPU for a GPU cache
+* ``layout.py``    which dimension of a layer's cache tensor counts blocks, read from its shape
 * ``store.py``     the harness's chunk store, every page verified on read; ``faults.py`` its
                    planted-fault doubles (flip one byte, drop one page)
 * ``plan.py``      scheduler-side bookkeeping: which pages each engine step must read
@@ -16,6 +17,7 @@ Read in this order:
 * ``settings.py``  the suite's ``[kv]`` table and the engine settings each phase starts with
 * ``passes.py``    the passes each phase runs, and the phase's process seen from the host
 * ``roundtrip.py`` producer -> fresh consumer -> evidence -> verdicts, controls and figures
+* ``cuda_only.py`` a connector that moves KV to CUDA on a host without CUDA: a named skip
 * ``judge.py``     captures -> evidence, verdicts, controls, figures; ``refusal.py`` the probe's
 * :mod:`harness.page_evidence` (below this package too) what the comparators judge
                    (``harness.compare.byte_equal``, ``kv_hits``)

@@ -21,17 +21,21 @@ import torch
 
 from harness.kv.capture import PageTag, Side
 from harness.kv.digest import as_page_bytes, page_digests
+from harness.kv.layout import check_ids, page_nbytes, page_shape
 from harness.kv.plan import PagePlan
 from harness.pages import PageRef
 
 
-def gather(kv: torch.Tensor, block_ids: Sequence[int]) -> torch.Tensor:
-    """The pages ``kv[block_ids]`` as a new [P, ...] tensor on the cache's device.
+def gather(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0) -> torch.Tensor:
+    """The pages ``block_ids`` of ``kv`` (counted along ``block_dim``, :mod:`harness.kv.layout`) as
+    a new [P, ...] tensor on the cache's device.
 
     ``index_select`` rather than ``kv[ids]``: advanced indexing fans out to OpenMP threads even for
     two pages, which on a busy CPU host costs milliseconds per call.
     """
-    return kv.index_select(0, torch.tensor(list(block_ids), dtype=torch.long, device=kv.device))
+    check_ids(kv, block_ids, block_dim)
+    pages = kv.index_select(block_dim, torch.tensor(list(block_ids), dtype=torch.long, device=kv.device))
+    return pages if block_dim == 0 else pages.movedim(block_dim, 0)
 
 
 COLUMNS_MIN = 64
@@ -165,19 +169,19 @@ class CaptureWriter:
 
     def cache_pages(self, side: Side, refs: Sequence[PageRef], tags: Sequence[PageTag], kv: torch.Tensor,
                     block_ids: Sequence[int], keep_bytes: Sequence[bool] | None = None, step: int = -1,
-                    expected: Sequence[str | None] | None = None) -> list[str]:
-        """Record the pages ``kv[block_ids]`` of a paged cache where they sit: digests in place (no
-        gather on a GPU), bytes gathered only for the pages whose bytes are kept."""
+                    expected: Sequence[str | None] | None = None, block_dim: int = 0) -> list[str]:
+        """Record the pages ``block_ids`` of a paged cache (counted along ``block_dim``) where they
+        sit: digests in place (no gather on a GPU), bytes gathered only for the pages whose bytes
+        are kept."""
         from harness.kv.digest import cache_digests
 
         t0 = time.perf_counter()
-        digests = cache_digests(kv, block_ids)
+        digests = cache_digests(kv, block_ids, block_dim)
         why = self._rows_to_keep(len(refs), keep_bytes, digests, expected)
         rows = [block_ids[i] for i, w in enumerate(why) if w in ("all", "mismatch")]
-        sel = as_page_bytes(gather(kv, rows)) if rows else None
-        nbytes = int(kv[0].numel() * kv.element_size())
-        self._record(side, refs, tags, digests, why, sel, nbytes, str(kv.dtype).removeprefix("torch."),
-                     list(kv.shape[1:]), step, t0)
+        sel = as_page_bytes(gather(kv, rows, block_dim)) if rows else None
+        self._record(side, refs, tags, digests, why, sel, page_nbytes(kv, block_dim),
+                     str(kv.dtype).removeprefix("torch."), page_shape(kv, block_dim), step, t0)
         return digests
 
     def _record(self, side: Side, refs: Sequence[PageRef], tags: Sequence[PageTag], digests: Sequence[str],
@@ -269,15 +273,16 @@ def worker_rank() -> int:
 
 def record_planned(capture: CaptureWriter, side: Any, layer: str, kv: torch.Tensor,
                    pages: Sequence[PagePlan], step: int,
-                   expected: Mapping[tuple[str, str, int], str] | None = None) -> None:
+                   expected: Mapping[tuple[str, str, int], str] | None = None, block_dim: int = 0) -> None:
     """Record the planned pages of one layer as they sit in the paged buffer ``kv`` (both the
     harness connector and the tap call this, on the write side and on the restore side).
 
     ``expected`` (digest-only capture, restore side): page id -> the digest the producer wrote, as
-    :func:`harness.kv.capture.written_digests` reads it from the producer's capture."""
+    :func:`harness.kv.capture.written_digests` reads it from the producer's capture. ``block_dim``:
+    the dimension of ``kv`` that counts blocks (:class:`harness.kv.layout.BlockDims`)."""
     rank = worker_rank()
     refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]
     tags = [PageTag(p.req, p.case, p.lane) for p in pages]
     want = [expected.get(r.id) for r in refs] if expected is not None else None
     capture.cache_pages(side, refs, tags, kv, [p.block_id for p in pages],
-                        keep_bytes=[not p.dup for p in pages], step=step, expected=want)
+                        keep_bytes=[not p.dup for p in pages], step=step, expected=want, block_dim=block_dim)

@@ -47,6 +47,7 @@ from harness.kv.capture_write import CaptureWriter, SchedulerLog, gather, record
 from harness.kv.config import UNREPORTED, HarnessKVConfig, chunk_size_problem
 from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore
+from harness.kv.layout import block_dims, check_ids, layer_tensor, page_shape
 from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 from harness.kv.store import PageRead, PageStore
 from harness.pages import PageRef, prefix_keys
@@ -132,6 +133,7 @@ class HarnessKVConnector(KVConnectorBase_V1, getattr(_base, "SupportsHMA", objec
         else:
             self.capture = CaptureWriter(self.cfg.capture_dir, worker_rank())
             self.kv_caches: dict[str, torch.Tensor] = {}
+            self.block_dim = block_dims(kv_cache_config)
             self._load_errors: set[int] = set()
             self._failed: set[tuple[str, int, int]] = set()
             self.store_seconds = 0.0
@@ -240,7 +242,7 @@ class HarnessKVConnector(KVConnectorBase_V1, getattr(_base, "SupportsHMA", objec
         if kv is None and forward_context is not None:
             mod = forward_context.no_compile_layers.get(layer)
             kv = getattr(mod, "kv_cache", None)
-        return kv if isinstance(kv, torch.Tensor) else None
+        return layer_tensor(kv)
 
     def _meta(self) -> HarnessStepMeta:
         meta = self._get_connector_metadata()
@@ -271,10 +273,11 @@ class HarnessKVConnector(KVConnectorBase_V1, getattr(_base, "SupportsHMA", objec
                     else:
                         self._fail(p, layer, read)
             if ids:
-                page_shape = kv.shape[1:]
+                dim = self.block_dim(layer, kv)
+                check_ids(kv, ids, dim, where=f"layer {layer}")
                 src = torch.frombuffer(bytearray(b"".join(blobs)), dtype=torch.uint8)
-                src = src.view(kv.dtype).view(len(ids), *page_shape).to(kv.device)
-                kv.index_copy_(0, torch.tensor(ids, device=kv.device), src)
+                src = src.view(kv.dtype).view(len(ids), *page_shape(kv, dim)).to(kv.device)
+                kv.index_copy_(dim, torch.tensor(ids, device=kv.device), src.movedim(0, dim))
 
     def _fail(self, p: PagePlan, layer: str, read: PageRead) -> None:
         ref = PageRef(p.key, layer, p.group, p.start, p.end, worker_rank())
@@ -295,7 +298,8 @@ class HarnessKVConnector(KVConnectorBase_V1, getattr(_base, "SupportsHMA", objec
                  if p.group == g.index and (layer_name, g.index, p.block_id) not in self._failed]
         kv = self._cache(layer_name)
         if pages and kv is not None:
-            record_planned(self.capture, "restored", layer_name, kv, pages, meta.step)
+            record_planned(self.capture, "restored", layer_name, kv, pages, meta.step,
+                           block_dim=self.block_dim(layer_name, kv))
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
@@ -309,13 +313,14 @@ class HarnessKVConnector(KVConnectorBase_V1, getattr(_base, "SupportsHMA", objec
             if not pages:
                 continue
             t0 = time.perf_counter()
-            data = gather(kv_layer, [p.block_id for p in pages])
+            dim = self.block_dim(layer_name, kv_layer)
+            data = gather(kv_layer, [p.block_id for p in pages], dim)
             digests = page_digests(data)
             host = as_page_bytes(data).cpu().numpy()
             self.stores[io.lane].put(io.key, layer_name, host, digests, {
                 "start": io.index * self.chunk, "end": (io.index + 1) * self.chunk,
                 "group": g.index, "block_size": g.block_size, "dtype": str(kv_layer.dtype),
-                "page_shape": list(kv_layer.shape[1:])})
+                "page_shape": page_shape(kv_layer, dim)})
             self.store_seconds += time.perf_counter() - t0
             if io.capture:
                 refs = [PageRef(p.key, layer_name, p.group, p.start, p.end, rank) for p in pages]

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from harness.kv import digest_triton
+from harness.kv.layout import check_ids
 
 try:
     from xxhash import xxh3_128_hexdigest as _xxh128
@@ -133,7 +134,10 @@ def _host_bytes(pages: torch.Tensor) -> np.ndarray:
 
 def cache_digests(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0) -> list[str]:
     """Digests of the pages ``block_ids`` of a paged cache tensor, read where they sit: on a GPU by
-    the fused kernel without gathering them first; elsewhere gathered, then :func:`page_digests`."""
+    the fused kernel without gathering them first; elsewhere gathered, then :func:`page_digests`.
+    ``block_dim``: the dimension that counts blocks (:mod:`harness.kv.layout`); block ids it does not
+    hold are a :class:`~harness.kv.layout.CacheLayoutError`."""
+    check_ids(kv, block_ids, block_dim)
     if kv.device.type != "cpu" and digest_triton.available(kv.device) and kv.is_contiguous():
         try:
             layout = digest_triton.layout_of(kv, block_dim)

@@ -16,6 +16,7 @@ from typing import Any
 
 from harness.api import Case, Sampling
 from harness.engines import ledger
+from harness.engines.preload import preload_env
 from harness.engines.procs import engine_env, run_engine
 from harness.engines.vllm import root_cause
 from harness.engines.worker_lines import WorkerFailed, check_result
@@ -63,8 +64,9 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
                                "passes": list(passes), **({"observe": dict(observe)} if observe else {})},
                               indent=1))
     t0 = time.perf_counter()
+    env = engine_env(repo_on_path=True)
     exited = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
-                        timeout_s, engine_env(repo_on_path=True), cwd=folder,
+                        timeout_s, preload_env(python, env) if python else env, cwd=folder,
                         label=f"KV {name} engine ({model.name})")
     capture = None
     if capture_dir.is_dir():

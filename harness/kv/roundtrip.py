@@ -33,6 +33,7 @@ from typing import Any
 from harness.api import Case, EngineInfo, Output, Verdict, failure_verdicts
 from harness.compare.byte_equal import summary_line
 from harness.kv.config import STORE_CLASS, STORE_MODULE, TAP_CLASS, TAP_MODULE, ConnectorSpec
+from harness.kv.cuda_only import cuda_only
 from harness.kv.judge import Judge, figures
 from harness.kv.passes import (
     Phase,
@@ -149,6 +150,9 @@ def run_roundtrip(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: 
         extra["compat"] = compat
 
     failed = prod if not prod.ok else (cons if cons is not None and not cons.ok else None)
+    if failed is not None and not failed.skipped and connector is not None and failed.log.exists():
+        if (why := cuda_only(failed.log.read_text(errors="replace"), connector.cls)) is not None:
+            failed = replace(failed, skipped=True, reason=why)  # the connector cannot run on this host
     if failed is not None or cons is None:
         assert failed is not None
         verdicts += failure_verdicts([s.name for s in suite.comparators], [c.id for c in cases],

@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from harness.kv.capture_write import CaptureWriter, SchedulerLog, record_planned, worker_rank
 from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
+from harness.kv.layout import block_dims, layer_tensor
 from harness.kv.plan import PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class HarnessTapConnector(KVConnectorBase_V1):
             self.capture = CaptureWriter(self.cfg.capture_dir, worker_rank())
             self.kv_caches: dict[str, torch.Tensor] = {}
             self._planted: set[str] = set()
+            self.block_dim = block_dims(kv_cache_config)
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -158,7 +160,7 @@ class HarnessTapConnector(KVConnectorBase_V1):
         kv = self.kv_caches.get(layer)
         if kv is None and getattr(self, "_forward_context", None) is not None:
             kv = getattr(self._forward_context.no_compile_layers.get(layer), "kv_cache", None)
-        return kv if isinstance(kv, torch.Tensor) else None
+        return layer_tensor(kv)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         self.inner.wait_for_layer_load(layer_name)
@@ -169,10 +171,11 @@ class HarnessTapConnector(KVConnectorBase_V1):
         pages = [p for p in meta.restore if p.group == g.index]
         kv = self._cache(layer_name)
         if pages and kv is not None:
-            self._plant(layer_name, kv, pages)
-            record_planned(self.capture, "restored", layer_name, kv, pages, meta.step)
+            dim = self.block_dim(layer_name, kv)
+            self._plant(layer_name, kv, pages, dim)
+            record_planned(self.capture, "restored", layer_name, kv, pages, meta.step, block_dim=dim)
 
-    def _plant(self, layer: str, kv: torch.Tensor, pages: list[PagePlan]) -> None:
+    def _plant(self, layer: str, kv: torch.Tensor, pages: list[PagePlan], block_dim: int) -> None:
         """Tap controls: flip one byte of one restored page in the buffer, as a faulty connector would."""
         for lane, fault in self.cfg.tap_faults.items():
             if lane in self._planted:
@@ -185,7 +188,7 @@ class HarnessTapConnector(KVConnectorBase_V1):
                 continue
             p = mine[fault.page]
             # a uint8 view of the page in place (pages may be strided views of a shared allocation)
-            raw = kv[p.block_id].view(torch.uint8)
+            raw = kv.select(block_dim, p.block_id).view(torch.uint8)
             off = fault.offset % raw.numel()
             raw[tuple(int(i) for i in np.unravel_index(off, tuple(raw.shape)))] ^= 1
             self._planted.add(lane)
@@ -202,7 +205,8 @@ class HarnessTapConnector(KVConnectorBase_V1):
             return
         pages = [p for p in meta.write if p.group == g.index]
         if pages:
-            record_planned(self.capture, "written", layer_name, kv_layer, pages, meta.step)
+            record_planned(self.capture, "written", layer_name, kv_layer, pages, meta.step,
+                           block_dim=self.block_dim(layer_name, kv_layer))
 
     def wait_for_save(self) -> None:
         self.inner.wait_for_save()

@@ -1,5 +1,5 @@
 """What an engine can do beyond generating: the optional abilities of the one
-:class:`~harness.api.Runner`, re-exported by :mod:`harness.api` (read that first).
+:class:`~harness.api.Runner`, beside the contracts of :mod:`harness.api` (read that first).
 
 An engine opts into an ability by implementing its protocol beside the :class:`~harness.api.Runner`
 methods; the pipeline asks ``isinstance(runner, Ability)``, never ``getattr``:
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-if TYPE_CHECKING:  # types only: harness.api re-exports this module's names
+if TYPE_CHECKING:  # types only
     from harness.api import Case, Output, Sampling
     from harness.speed import Speed
 

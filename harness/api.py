@@ -17,14 +17,15 @@ Data flows one way::
 Everything the pipeline will ever ask of an engine is declared here: the :class:`Runner` methods,
 the :class:`RunFacts` a runner reports after running (timings, speed, what it could return, KV
 capacity), and the optional abilities an engine opts into by implementing a second protocol,
-declared in :mod:`harness.abilities` and re-exported here:
+declared beside these contracts in :mod:`harness.abilities` (which builds on this module's
+:class:`Case`, :class:`Output` and :class:`Sampling`):
 
-* :class:`Scorer` — teacher forcing: score given sequences in the same engine start;
-* :class:`TensorSource` — logits and hidden states; every engine declares its :class:`TensorAbility`,
+* ``Scorer`` — teacher forcing: score given sequences in the same engine start;
+* ``TensorSource`` — logits and hidden states; every engine declares its ``TensorAbility``,
   with the reason where it has none;
-* :class:`SpeedLevels` — replay a workload at several concurrencies in one start;
-* :class:`Sampler` — draw seeded samples (:class:`SamplePass` of :class:`SampleRequest` ->
-  :class:`Samples`) with the engine's own sampler, whose promises are its :class:`SamplerTraits`.
+* ``SpeedLevels`` — replay a workload at several concurrencies in one start;
+* ``Sampler`` — draw seeded samples (``SamplePass`` of ``SampleRequest`` -> ``Samples``) with the
+  engine's own sampler, whose promises are its ``SamplerTraits``.
 
 The pipeline never probes a runner with ``getattr``: it asks ``isinstance(runner, Ability)``.
 """
@@ -36,17 +37,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
-
-from harness.abilities import SamplePass as SamplePass
-from harness.abilities import Sampler as Sampler
-from harness.abilities import SampleRequest as SampleRequest
-from harness.abilities import SamplerTraits as SamplerTraits
-from harness.abilities import Samples as Samples
-from harness.abilities import Scorer as Scorer
-from harness.abilities import SpeedLevels as SpeedLevels
-from harness.abilities import TensorAbility as TensorAbility
-from harness.abilities import TensorKind as TensorKind
-from harness.abilities import TensorSource as TensorSource
 
 if TYPE_CHECKING:  # types only: these modules import this one
     from harness.capabilities import Capabilities

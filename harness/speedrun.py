@@ -1,7 +1,7 @@
 """``harness speed`` / ``make speed``: a candidate's output tok/s and TTFT at c1/c4/c8 beside the
 pinned oracle's, one engine start per side, the ratios measured in one run.
 
-An engine with the :class:`~harness.api.SpeedLevels` ability (vLLM offline, vLLM's server, any
+An engine with the :class:`~harness.abilities.SpeedLevels` ability (vLLM offline, vLLM's server, any
 OpenAI-compatible server) replays the workload at every level in one start; one without it
 (transformers, a CLI) is timed once, at its own concurrency, and the table says so. The result is
 written atomically under ``reports/speed/<model>/``.
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.api import Case, Runner, Sampling, SpeedLevels
+from harness.abilities import SpeedLevels
+from harness.api import Case, Runner, Sampling
 from harness.engines import RunnerContext, make_runner
 from harness.models import resolve_model
 from harness.oracle import load_or_record

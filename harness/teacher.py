@@ -4,7 +4,7 @@ Once greedy outputs diverge, the two engines continue from different prefixes an
 the divergence can be compared. A distribution comparator (KL, NMSE, drift) therefore asks the
 candidate for its next-token distribution at every position of *prompt + oracle continuation*.
 
-A runner that can do this implements :class:`harness.api.Scorer`; the others are judged until
+A runner that can do this implements :class:`harness.abilities.Scorer`; the others are judged until
 their first divergence (their own outputs stand in for the scores) and every report says so.
 
 Scores must go through the path the candidate decodes with. vLLM scores with ``prompt_logprobs``
@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from harness.api import Case, Output, Runner, Sampling, Scorer
+from harness.abilities import Scorer
+from harness.api import Case, Output, Runner, Sampling
 
 How = Literal["teacher-forced", "until-first-divergence"]
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from harness.api import EngineRefused, TensorSource
+from harness.abilities import TensorSource
+from harness.api import EngineRefused
 from harness.console import error, note, stdout
 from harness.engines import make_runner
 from harness.kinds.localize import KEY, divergences

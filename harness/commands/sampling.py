@@ -28,7 +28,7 @@ def run_sampling(
     """One record per candidate; the pinned oracle runs once, before the first."""
     from harness.models import resolve_model
     from harness.pipeline import kind_of, run_gate
-    from harness.sampling.oracle import oracle_rows
+    from harness.kinds.sampling_oracle import oracle_rows
     from harness.sampling.settings import gate_settings
     from harness.suites import find_suite
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineRefused, Runner, TensorAbility
+from harness.abilities import TensorAbility
+from harness.api import Case, EngineRefused, Runner
 from harness.models import ModelRef
 from harness.registry import Registry
 
@@ -75,7 +76,7 @@ def coerce(v: str) -> Any:
 
 
 class NoTensors:
-    """The :class:`~harness.api.TensorSource` declaration of an engine that exposes no tensors:
+    """The :class:`~harness.abilities.TensorSource` declaration of an engine that exposes no tensors:
     the reason (``tensors_why_not``), and captures that refuse with it."""
 
     name: str

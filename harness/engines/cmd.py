@@ -53,16 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import (
-    Case,
-    EngineFailed,
-    EngineInfo,
-    EngineRefused,
-    Output,
-    RunFacts,
-    Sampling,
-    TensorAbility,
-)
+from harness.abilities import TensorAbility
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
 from harness.engines.base import ENGINES, RunnerContext
 from harness.engines.procs import kill_group, spawn

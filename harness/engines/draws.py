@@ -1,4 +1,4 @@
-"""What every engine's :class:`~harness.api.Sampler` shares: the sampling parameters it passes, all
+"""What every engine's :class:`~harness.abilities.Sampler` shares: the sampling parameters it passes, all
 of them, every time, and its draws as arrays."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.api import Samples, Sampling
+from harness.abilities import Samples
+from harness.api import Sampling
 
 PARAMS = (
     "temperature",

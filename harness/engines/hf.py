@@ -16,16 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import (
-    Case,
-    EngineFailed,
-    EngineInfo,
-    EngineRefused,
-    Output,
-    RunFacts,
-    Sampling,
-    TensorAbility,
-)
+from harness.abilities import TensorAbility
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.hf_decode import (

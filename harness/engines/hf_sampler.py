@@ -1,4 +1,4 @@
-"""The :class:`~harness.api.Sampler` ability of ``hf``: transformers ``generate(do_sample=True)``
+"""The :class:`~harness.abilities.Sampler` ability of ``hf``: transformers ``generate(do_sample=True)``
 with its own logits processors.
 
 The prefix (all but its last token) is run once into a KV cache; each chunk of up to
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import SamplePass, SamplerTraits, Samples, Sampling
+from harness.abilities import SamplePass, SamplerTraits, Samples
+from harness.api import Sampling
 from harness.engines.draws import samples
 from harness.sampling.transforms import TRANSFORMERS
 

@@ -1,4 +1,4 @@
-"""The :class:`~harness.api.Sampler` ability of ``llamacpp``: llama.cpp's sampler chain as
+"""The :class:`~harness.abilities.Sampler` ability of ``llamacpp``: llama.cpp's sampler chain as
 llama-cpp-python builds it, on the oracle's weights.
 
 The runner builds the venv and writes the GGUF (F32 by default: the oracle's weights bit for bit)
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.api import SamplePass, SamplerTraits, Samples
+from harness.abilities import SamplePass, SamplerTraits, Samples
 from harness.engines.draws import params, samples
 from harness.engines.procs import run_engine
 from harness.engines.worker_lines import WorkerFailed, check_result

@@ -249,7 +249,7 @@ class PipEngineRunner(NoTensors):
 
 
 class ScoringPipEngineRunner(PipEngineRunner):
-    """A PyPI engine whose worker also scores given sequences (the :class:`~harness.api.Scorer`
+    """A PyPI engine whose worker also scores given sequences (the :class:`~harness.abilities.Scorer`
     ability), in the same engine start."""
 
     def run_and_score(self, cases: Sequence[Case], sampling: Sampling,

@@ -20,16 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import (
-    Case,
-    EngineFailed,
-    EngineInfo,
-    EngineRefused,
-    Output,
-    RunFacts,
-    Sampling,
-    TensorAbility,
-)
+from harness.abilities import TensorAbility
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block, engine_fingerprint
 from harness.engines import ledger
 from harness.engines import pool as engine_pool

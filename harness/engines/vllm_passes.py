@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from harness.api import Output, Sampling
 from harness.engines import ledger
@@ -24,8 +24,60 @@ from harness.engines.worker_lines import Lines, WorkerFailed, check_lines, read_
 from harness.models import ModelRef
 from harness.teacher import scored_output
 
-if TYPE_CHECKING:  # the plan's shapes only (it lives with the invariance kind)
-    from harness.invariance.plan import Group, Pass
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a pass: its prompt, and what it asks beyond the greedy defaults."""
+
+    key: str
+    prompt_ids: tuple[int, ...]
+    skip_reading: bool = True
+    sampling: Mapping[str, Any] | None = None
+    """Overrides of the greedy defaults (``temperature``, ``top_p``, ``top_k``, ``seed``, ``max_tokens``)."""
+    harness_kv: Mapping[str, Any] | None = None
+    """The KV connector's tags (case, lane, capture, passive)."""
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"key": self.key, "prompt_ids": list(self.prompt_ids),
+                             "skip_reading": self.skip_reading}
+        if self.sampling:
+            d["sampling"] = dict(self.sampling)
+        if self.harness_kv is not None:
+            d["harness_kv"] = dict(self.harness_kv)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    name: str
+    requests: tuple[Request, ...]
+    mode: str = "together"
+    """``together``: one generate call; ``alone``: one call per request."""
+    reset_prefix_cache: bool = False
+    score_own: bool = False
+    """Rescore every generation of the pass by prefill."""
+    score_from: tuple[str, str] | None = None
+    """(group, pass) whose generations this pass rescores by prefill (filled in when they exist)."""
+
+    def to_json(self, score: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        return {"name": self.name, "mode": self.mode, "reset_prefix_cache": self.reset_prefix_cache,
+                "score_own": self.score_own, "requests": [r.to_json() for r in self.requests],
+                **({"score": list(score)} if score else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One engine start."""
+
+    key: str
+    settings: Mapping[str, Any]
+    """``vllm.LLM`` kwargs (for the server: its command-line arguments' names)."""
+    passes: tuple[Pass, ...] = ()
+    serves: tuple[str, ...] = ()
+    """The variants (and ``rl``) this engine produces outputs for."""
+    levels: tuple[int, ...] = ()
+    """The server's concurrencies, in order."""
+
 
 Status = Literal["ok", "refused", "error", "not run"]
 

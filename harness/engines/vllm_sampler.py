@@ -1,5 +1,5 @@
 """``vllm``: the pinned vLLM as the registry makes it — :class:`~harness.engines.vllm.VLLMRunner`
-with the :class:`~harness.api.Sampler` ability, its own sampler offline.
+with the :class:`~harness.abilities.Sampler` ability, its own sampler offline.
 
 Every draw is one request (``max_tokens`` = the test's steps, ``logprobs=1``, the draw's own seed),
 all of a pass in one ``generate`` call, every pass in one engine start: the invariance kind's
@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.api import EngineFailed, EngineRefused, SamplePass, SamplerTraits, Samples, Sampling
+from harness.abilities import SamplePass, SamplerTraits, Samples
+from harness.api import EngineFailed, EngineRefused, Sampling
 from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.draws import params, samples
 from harness.engines.vllm import VLLMRunner
-from harness.engines.vllm_passes import run_vllm_group
-from harness.invariance.plan import Group, Pass, Request
+from harness.engines.vllm_passes import Group, Pass, Request, run_vllm_group
 from harness.models import ModelRef
 
 TIMEOUT_S = float(os.environ.get("HARNESS_SAMPLING_TIMEOUT_S", "5400"))

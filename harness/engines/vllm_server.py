@@ -17,17 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.api import (
-    Case,
-    EngineFailed,
-    EngineInfo,
-    Output,
-    RunFacts,
-    SamplePass,
-    SamplerTraits,
-    Samples,
-    Sampling,
-)
+from harness.abilities import SamplePass, SamplerTraits, Samples
+from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, coerce, parse_options, split_spec
 from harness.engines.loopback import LoopbackServer

@@ -4,7 +4,7 @@ vLLM groups run :mod:`harness.invariance.phase` in one engine start each
 (:mod:`harness.engines.vllm_passes`, which the pinned vLLM's sampler shares); the server group
 starts one OpenAI server (:class:`VLLMServer`) and replays the prompts at each concurrency through
 :class:`OpenAIRunner`; the trainer (``hf``) scores the rollouts' tokens through its
-:class:`~harness.api.TensorSource` ability. A configuration the engine refuses comes back as a
+:class:`~harness.abilities.TensorSource` ability. A configuration the engine refuses comes back as a
 ``refused`` group with vLLM's own reason, a crash as ``error`` with the log's tail — never as an
 exception.
 """
@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling, TensorSource
+from harness.abilities import TensorSource
+from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling
 from harness.engines.vllm_passes import GroupResult, Status
 from harness.engines.vllm_passes import output_from_line as output_from_line
 from harness.engines.vllm_passes import parse_result as parse_result

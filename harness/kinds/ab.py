@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness.abilities import Scorer, TensorSource
 from harness.api import (
     Case,
     EngineFailed,
@@ -33,8 +34,6 @@ from harness.api import (
     Output,
     Runner,
     Sampling,
-    Scorer,
-    TensorSource,
     Verdict,
     failure_verdicts,
 )

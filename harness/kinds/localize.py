@@ -7,7 +7,7 @@ layer's attention and MLP (or MoE) sub-block, the final norm and the logits
 (:mod:`harness.engines.layer_taps`); :mod:`harness.localize.profile` finds the first tensor over
 the floor (where they part) and the first over the bar. The oracle's tensors come from the pinned
 vLLM (cached: :mod:`harness.localize.oracle`), the candidate's from its
-:class:`~harness.api.TensorSource`; an engine that cannot expose tensors makes the diagnosis
+:class:`~harness.abilities.TensorSource`; an engine that cannot expose tensors makes the diagnosis
 ``refused`` with its reason.
 
 A verdict ``pass`` says the diagnosis was made (its summary names the culprit); the record's
@@ -24,15 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.api import (
-    Case,
-    EngineFailed,
-    EngineInfo,
-    EngineRefused,
-    TensorSource,
-    Verdict,
-    failure_verdicts,
-)
+from harness.abilities import TensorSource
+from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Verdict, failure_verdicts
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.goldens import Golden
 from harness.kinds.base import GateRequest, Judgement, register_kind

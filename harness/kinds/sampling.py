@@ -3,7 +3,7 @@
 prepare: the suite's ``[sampling_gate]`` table; the oracle's greedy continuations and raw logits at
 the tests' prefixes (the pinned vLLM, one start; ``make sampling`` shares one oracle run between
 its candidates); the candidate's runner, made from its spec as in every gate, and its
-:class:`~harness.api.Sampler` ability (an engine without one is refused, naming those with one)
+:class:`~harness.abilities.Sampler` ability (an engine without one is refused, naming those with one)
 with its documented chain; the tests, each with its reference and its number of draws
 (:mod:`harness.sampling.plan`).
 run: the candidate draws, in one engine start — every test, then the determinism lanes.
@@ -22,17 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.api import (
-    EngineFailed,
-    EngineInfo,
-    EngineRefused,
-    Runner,
-    Sampler,
-    SamplerTraits,
-    Samples,
-    Verdict,
-    failure_verdicts,
-)
+from harness.abilities import Sampler, SamplerTraits, Samples
+from harness.api import EngineFailed, EngineInfo, EngineRefused, Runner, Verdict, failure_verdicts
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.excerpt import first_line
 from harness.kinds.base import GateRequest, Judgement, register_kind
@@ -45,7 +36,7 @@ if TYPE_CHECKING:  # the statistics (scipy) load when a sampling gate runs, not 
     from harness.sampling.plan import OracleRows, Plan
 
 SAMPLING_ENGINES = ("vllm", "hf", "llamacpp", "openai:<url>", "vllm-server")
-"""The engines whose runner has the :class:`~harness.api.Sampler` ability (named in a refusal)."""
+"""The engines whose runner has the :class:`~harness.abilities.Sampler` ability (named in a refusal)."""
 CONCURRENCY = 8
 """Requests in flight for an engine that takes several (a server), unless the gate names one."""
 
@@ -89,7 +80,7 @@ class SamplingKind:
         given = req.options.get("oracle")
         if given is None:
             _say(req, f"oracle: the pinned vLLM, greedy + raw logits for {len(req.suite.cases)} cases")
-            from harness.sampling.oracle import oracle_rows
+            from harness.kinds.sampling_oracle import oracle_rows
 
             rows, prov = oracle_rows(ws, req.model, req.suite, gs)
         else:

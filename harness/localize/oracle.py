@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import EngineFailed, EngineRefused, TensorSource
+from harness.abilities import TensorSource
+from harness.api import EngineFailed, EngineRefused
 from harness.engines import RunnerContext, make_runner
 from harness.engines.layer_taps import TAPS_VERSION
 from harness.engines.vllm import TENSOR_ENGINE_SETTINGS, default_engine_settings

@@ -9,5 +9,5 @@
 * :mod:`.judge`      draws -> support checks, fit, determinism and logprob verdicts
 * :mod:`.doubles`    planted samplers (the controls) and the correct double's false-positive rate
 * :mod:`.engines`    the llama.cpp draws' worker; each engine's sampler is an ability of its runner
-                     (:class:`~harness.api.Sampler`, in :mod:`harness.engines`)
+                     (:class:`~harness.abilities.Sampler`, in :mod:`harness.engines`)
 """

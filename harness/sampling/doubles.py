@@ -12,7 +12,7 @@ distribution with one thing wrong — the sampling gate's controls.
   support check's (one draw of the faulty mass outside the support), at the Bonferroni level;
   over a parameter's tests, ``1 - prod(1 - power_i)`` (independent draws).
 
-A double is a runner with the :class:`~harness.api.Sampler` ability (inverse-CDF draws from a seeded
+A double is a runner with the :class:`~harness.abilities.Sampler` ability (inverse-CDF draws from a seeded
 numpy generator per request, so the same seed gives the same tokens) and reports logprobs in the
 engine's mode. Faults are the reference transform's own code with one step replaced
 (:func:`harness.sampling.transforms.transform`'s ``steps`` / ``order``), never a second copy.
@@ -27,17 +27,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from harness.api import (
-    Case,
-    EngineInfo,
-    EngineRefused,
-    Output,
-    RunFacts,
-    SamplePass,
-    SamplerTraits,
-    Samples,
-    Sampling,
-)
+from harness.abilities import SamplePass, SamplerTraits, Samples
+from harness.api import Case, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.records import Control
 from harness.sampling import gof
 from harness.sampling.judge import LOGPROBS, SEED, comparator, failed, statistics, verdicts
@@ -173,7 +164,7 @@ def faulty_references(plan: Plan, t: Test, fault: Fault | None) -> tuple[Referen
 
 class Double:
     """A planted sampler over ``plan``'s tests: a :class:`~harness.api.Runner` with the
-    :class:`~harness.api.Sampler` ability and no engine (it draws; it does not generate)."""
+    :class:`~harness.abilities.Sampler` ability and no engine (it draws; it does not generate)."""
 
     def __init__(
         self,

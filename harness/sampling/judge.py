@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import SamplerTraits, Samples, Status, Verdict
+from harness.abilities import SamplerTraits, Samples
+from harness.api import Status, Verdict
 from harness.sampling import gof
 from harness.sampling.plan import Plan, Test
 from harness.sampling.transforms import log_softmax

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from harness.api import Case, SamplePass, SampleRequest, Sampling
+from harness.abilities import SamplePass, SampleRequest
+from harness.api import Case, Sampling
 from harness.sampling import gof
 from harness.sampling.settings import GateSettings, Setting
 from harness.sampling.transforms import CHAINS, PARAMETERS, Chain, History, Reference, softmax, transform

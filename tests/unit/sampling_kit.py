@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.api import Case, SamplerTraits, Sampling
+from harness.abilities import SamplerTraits
+from harness.api import Case, Sampling
 from harness.sampling.plan import OracleRows
 from harness.sampling.settings import GateSettings, Setting
 

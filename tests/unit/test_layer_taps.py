@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.api import EngineFailed, EngineRefused, TensorSource
+from harness.abilities import TensorSource
+from harness.api import EngineFailed, EngineRefused
 from harness.engines import make_runner
 from harness.engines.layer_taps import FAMILIES, family_at, tensor_names
 from harness.localize.plant import PlantError, plant

@@ -141,7 +141,7 @@ def test_unknown_options_are_refused_naming_the_valid_ones(workspace: Workspace,
 
 
 def test_engines_that_score_are_scorers(workspace: Workspace, tmp_path: Path) -> None:
-    from harness.api import Scorer
+    from harness.abilities import Scorer
 
     assert isinstance(_spec_runner(workspace, tmp_path), Scorer)
     assert not isinstance(_spec_runner(workspace, tmp_path, scoring=False), Scorer)

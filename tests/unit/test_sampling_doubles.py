@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from harness.api import SamplePass
+from harness.abilities import SamplePass
 from harness.sampling import doubles, judge
 from harness.sampling.doubles import FAULTS, Double, false_positive_rate, stated_power
 from harness.sampling.plan import Plan, make_plan

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.api import EngineFailed, EngineRefused, Runner, SamplePass, Sampler, SampleRequest, Sampling
+from harness.abilities import SamplePass, Sampler, SampleRequest
+from harness.api import EngineFailed, EngineRefused, Runner, Sampling
 from harness.engines import RunnerContext, make_runner
 from harness.engines.draws import PARAMS, samples
 from harness.goldens import golden_dir, read_golden

@@ -46,7 +46,7 @@ excerpt of the response; the other cases still run.
 The jobs, one module each: :mod:`.options` (the spec and the request body), :mod:`.transport`
 (HTTP, streams, faults), :mod:`.probe` (what this server returns), :mod:`.reply` (a reply ->
 an :class:`~harness.api.Output`), :mod:`.runner` (the :class:`~harness.api.Runner`) and
-:mod:`.sampler` (its :class:`~harness.api.Sampler` ability: seeded draws for the sampling gate).
+:mod:`.sampler` (its :class:`~harness.abilities.Sampler` ability: seeded draws for the sampling gate).
 """
 
 from __future__ import annotations

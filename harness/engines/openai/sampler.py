@@ -1,4 +1,4 @@
-"""The :class:`~harness.api.Sampler` ability of ``openai:<url>``: the server's own sampler.
+"""The :class:`~harness.abilities.Sampler` ability of ``openai:<url>``: the server's own sampler.
 
 Every draw is one ``POST <base>/v1/completions`` through the runner's :class:`~.transport.Transport`
 (the API key, retries, redacted excerpts), not streamed, with the prefix as a list of token ids,
@@ -20,15 +20,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from harness.api import (
-    EngineFailed,
-    EngineRefused,
-    SamplePass,
-    SampleRequest,
-    SamplerTraits,
-    Samples,
-    Sampling,
-)
+from harness.abilities import SamplePass, SampleRequest, SamplerTraits, Samples
+from harness.api import EngineFailed, EngineRefused, Sampling
 from harness.engines.draws import params, samples
 from harness.engines.openai.options import OpenAIOptions
 from harness.engines.openai.transport import Fault, Transport

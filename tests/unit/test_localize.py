@@ -30,7 +30,7 @@ from harness.localize.profile import (
     settings,
 )
 from harness.models import resolve_model
-from harness.pipeline import run_gate_by_name
+from harness.pipeline import GateResult, run_gate_by_name
 from harness.records import iter_record_paths, load_record
 from harness.staleness import Current
 from harness.suites import SuiteError
@@ -167,9 +167,20 @@ def test_a_strict_divergence_the_near_tie_rule_forgives_is_localized_too(seeded:
     assert all(v.evidence["over_bar"] is None for v in loc.verdicts)  # a 1e-2 change stays under 5e-4
 
 
-def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(seeded: Workspace) -> None:
-    workspace = seeded
-    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
+@pytest.fixture(scope="module")
+def unperturbed(tmp_path_factory: pytest.TempPathFactory, oracle_cache: Path) -> tuple[Workspace, GateResult]:
+    """A gate of the unperturbed model (transformers) in a seeded workspace of the module's: the
+    tests below read its record and never change it."""
+    ws = Workspace(tmp_path_factory.mktemp("unperturbed"))
+    for sub in ("suites", "models", "goldens"):
+        shutil.copytree(REPO_ROOT / sub, ws.root / sub)
+    shutil.copytree(oracle_cache, cache_root(ws))
+    return ws, run_gate_by_name(ws, "tiny-llama", "smoke", "hf", auto_record=False)
+
+
+def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(
+        unperturbed: tuple[Workspace, GateResult]) -> None:
+    workspace, gate = unperturbed
     assert not divergences(gate.record)
     assert localize(workspace, gate.record, str(gate.path)).record.summary.startswith("localize: no case")
     loc = localize(workspace, gate.record, str(gate.path), cases="all").record
@@ -178,8 +189,8 @@ def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(se
     assert all(v.summary.endswith("the case did not diverge either") for v in loc.verdicts)
 
 
-def test_an_engine_without_tensors_is_refused_with_its_reason(workspace: Workspace) -> None:
-    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False)
+def test_an_engine_without_tensors_is_refused_with_its_reason(unperturbed: tuple[Workspace, GateResult]) -> None:
+    workspace, gate = unperturbed
     rec = replace(gate.record, candidate=replace(gate.record.candidate, name="vllm-server"))
     loc = localize(workspace, rec, "x.json").record
     assert loc.outcome == "refused" and len(loc.verdicts) == 8

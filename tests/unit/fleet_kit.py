@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
 from harness.workspace import REPO_ROOT, Workspace
+from tests.unit.child_pytest import NO_HYPOTHESIS
 from tests.unit.features_kit import commit, make_git_workspace
 
 ENGINE = Path(__file__).with_name("cmd_replay_engine.py")
@@ -75,6 +76,6 @@ def pytest_matrix(root: Path, *args: str, timeout: float = 300) -> subprocess.Co
     """``pytest --harness-matrix fleet.toml …`` in ``root`` as its own workspace (as a runner would)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "HARNESS_"))}
     env.update(HARNESS_ROOT=str(root), PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA",
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *NO_HYPOTHESIS, "-rA",
                            "--harness-matrix", "fleet.toml", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.engines.procs import group_members, pid_running, run_engine
+from tests.unit.child_pytest import NO_HYPOTHESIS
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -111,7 +112,7 @@ def test_sigterm_stops_a_whole_pytest_run_and_its_engines(tmp_path: Path) -> Non
         def test_two():
             Path({str(tmp_path / "two-ran")!r}).write_text("yes")
         """))
-    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    run = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NO_HYPOTHESIS,
                             str(tmp_path / "test_long.py")], cwd=tmp_path,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     engine = _pids(pids)

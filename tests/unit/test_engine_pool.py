@@ -24,6 +24,7 @@ from harness.engines.pool import EnginePool, key, pooled, unpooled
 from harness.engines.vllm import VLLMRunner
 from harness.models import resolve_model
 from harness.workspace import Workspace
+from tests.unit.child_pytest import NO_HYPOTHESIS
 
 STUB = """#!{python}
 import json, os, sys
@@ -179,7 +180,8 @@ def test_a_unit_test_that_starts_an_engine_fails_and_the_run_counts_it(tmp_path:
     (unit / "test_pays.py").write_text(PAYS)
     env = {k: v for k, v in os.environ.items() if k != ledger.ENV and not k.startswith("PYTEST_")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parents[2]), env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NO_HYPOTHESIS,
+                        "tests/unit"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "1 failed, 1 passed" in r.stdout, r.stdout

@@ -117,44 +117,51 @@ def test_uv_fills_a_release_style_venv_and_the_stamp_names_it(tmp_path: Path, mo
     assert json.loads((info.path / ".harness-venv.json").read_text())["installer"] == info.installer
 
 
-def test_a_refusing_uv_hands_the_install_to_pip_and_the_stamp_says_so(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture(scope="module")
+def probe_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One venv made by ``new_venv`` for the tests below (its python): each installs a probe version
+    of its own into it and reads that version back."""
+    folder = tmp_path_factory.mktemp("venv")
+    return new_venv(folder / "probe", folder / "probe.install.log", "harness-probe").python
+
+
+def test_a_refusing_uv_hands_the_install_to_pip_and_the_stamp_says_so(tmp_path: Path, monkeypatch,
+                                                                      probe_venv: Path) -> None:
     monkeypatch.delenv("HARNESS_INSTALLER", raising=False)
     planted = tmp_path / "uv"  # a uv that refuses everything but --version
     planted.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo 'uv 0.0.1' && exit 0\n"
                        "echo 'error: planted refusal' >&2; exit 2\n")
     planted.chmod(0o755)
     log = tmp_path / "probe.install.log"
-    inst = new_venv(tmp_path / "probe", log, "harness-probe==1.0")
 
     def run(cmd: list[str], what: str, env) -> str:
         return run_logged(cmd, log, what, env)
 
-    inst = installer_for(inst.python, run, uv=planted)
+    inst = installer_for(probe_venv, run, uv=planted)
     assert inst.name == "uv"
-    inst.install(["--no-index", str(_wheel(tmp_path))], "installing the probe")
-    assert inst.name == "pip" and _probe(inst.python) == "1.0"
+    inst.install(["--no-index", str(_wheel(tmp_path, version="1.1"))], "installing the probe")
+    assert inst.name == "pip" and _probe(inst.python) == "1.1"
     stamp = inst.stamp()
     assert stamp["installer"].startswith("pip ") and "planted refusal" in stamp["installer_note"]
     assert "uv refused" in stamp["installer_note"]
 
 
-def test_pip_installs_when_asked_or_when_a_pip_setting_has_no_uv_equivalent(tmp_path: Path,
-                                                                             monkeypatch) -> None:
+def test_pip_installs_when_asked_or_when_a_pip_setting_has_no_uv_equivalent(tmp_path: Path, monkeypatch,
+                                                                             probe_venv: Path) -> None:
     log = tmp_path / "log"
-    inst = new_venv(tmp_path / "probe", log, "probe")
 
     def run(cmd: list[str], what: str, env) -> str:
         return run_logged(cmd, log, what, env)
 
-    asked = installer_for(inst.python, run, want="pip")
+    asked = installer_for(probe_venv, run, want="pip")
     assert asked.name == "pip" and "HARNESS_INSTALLER=pip" in asked.note
     monkeypatch.setenv("PIP_PREFER_BINARY", "1")  # pip-only: uv has no such choice
-    odd = installer_for(inst.python, run, want="uv", uv=Path(sys.executable))  # any executable: never run
+    odd = installer_for(probe_venv, run, want="uv", uv=Path(sys.executable))  # any executable: never run
     assert odd.name == "pip" and "prefer-binary=1" in odd.note
-    odd.install(["--no-index", str(_wheel(tmp_path))], "installing the probe")
-    assert _probe(inst.python) == "1.0" and odd.stamp()["installer"].startswith("pip ")
+    odd.install(["--no-index", str(_wheel(tmp_path, version="1.2"))], "installing the probe")
+    assert _probe(probe_venv) == "1.2" and odd.stamp()["installer"].startswith("pip ")
     with pytest.raises(InstallError, match="HARNESS_INSTALLER='conda'"):
-        installer_for(inst.python, run, want="conda")
+        installer_for(probe_venv, run, want="conda")
 
 
 def test_make_venvs_entry_point_fills_the_venv_and_writes_a_stamp_naming_the_installer(tmp_path: Path) -> None:

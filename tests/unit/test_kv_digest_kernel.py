@@ -3,7 +3,8 @@
 The Triton kernel runs here under Triton's interpreter (``TRITON_INTERPRET=1``, in a child process:
 the switch is read when the kernel is defined): its digests must equal the host's ``mx128`` digest of
 the same bytes bit for bit, for both cache layouts and for page and group counts that do not divide the
-tiles. tests/device/kv_capture_gpu.py runs the same source on a GPU.
+tiles. Every variant runs on a bfloat16 cache; float32 and uint8 caches (the kernel reads 32-bit words of
+any dtype) run the default variant in both layouts. tests/device/kv_capture_gpu.py runs the same source on a GPU.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ for dtype in (torch.bfloat16, torch.float32, torch.uint8):
     kv = raw.view(dtype)
     ids = [12, 0, 5, 7, 3, 11, 2]
     want = [digest_bytes(kv[b].contiguous().view(torch.uint8).numpy().tobytes(), "mx128") for b in ids]
+    split = kv.transpose(0, 1).contiguous()  # [2, blocks, ...]: K and V of a block apart
+    want_split = [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes(), "mx128")
+                  for b in ids]
+    out[f"{dtype}-default"] = fused_digests(kv, ids, dt.layout_of(kv)) == want
+    out[f"{dtype}-split-default"] = fused_digests(split, ids, dt.layout_of(split, 1)) == want_split
+    if dtype != torch.bfloat16:
+        continue  # the kernel reads 32-bit words of any dtype: the dtype is only the host's view
     for block, pages, unroll, partials in ((16, 3, False, False), (64, 8, True, False), (128, 16, False, True),
                                            (256, 5, True, True)):  # tiles and groups with tails, every variant
         s = fused_lane_sums(kv, ids, dt.layout_of(kv), variant="tiles", block=block, pages=pages, num_warps=1,
@@ -50,14 +58,10 @@ for dtype in (torch.bfloat16, torch.float32, torch.uint8):
                             stages=stages, row_warps=1)
         got = format_sums(s.numpy().view(np.uint32), dt.layout_of(kv).nbytes)
         out[f"{dtype}-rows-{rows}-{row_block}-{stages}"] = got == want
-    split = kv.transpose(0, 1).contiguous()  # [2, blocks, ...]: K and V of a block apart
-    want_split = [digest_bytes(split[:, b].contiguous().view(torch.uint8).numpy().tobytes(), "mx128")
-                  for b in ids]
     for variant in ("rows", "tiles"):
         s = fused_lane_sums(split, ids, dt.layout_of(split, 1), variant=variant, row_block=32, block=32)
         out[f"{dtype}-split-{variant}"] = format_sums(s.numpy().view(np.uint32), dt.layout_of(split, 1).nbytes
                                                       ) == want_split
-    out[f"{dtype}-split-default"] = fused_digests(split, ids, dt.layout_of(split, 1)) == want_split
 kv = torch.randint(0, 256, (9, 1024), dtype=torch.uint8, generator=g)
 before = fused_digests(kv, list(range(9)), dt.layout_of(kv))
 kv[4, 777] ^= 0x10

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +39,26 @@ def ws() -> Workspace:
     return Workspace.default()
 
 
-def test_every_family_in_the_table_names_its_tensors_in_model_order(ws: Workspace, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def hf_taps(ws: Workspace) -> Callable[[str], dict[str, np.ndarray]]:
+    """transformers' taps of an unperturbed tiny model on SEQ, taken once per model for the module
+    (every test reads them; none writes them)."""
+    seen: dict[str, dict[str, np.ndarray]] = {}
+
+    def taps(model_name: str) -> dict[str, np.ndarray]:
+        if model_name not in seen:
+            seen[model_name] = layers_of("hf", model_name, ws)
+            for v in seen[model_name].values():
+                v.setflags(write=False)
+        return seen[model_name]
+
+    return taps
+
+
+def test_every_family_in_the_table_names_its_tensors_in_model_order(ws: Workspace, tmp_path: Path,
+                                                                    hf_taps: Callable[[str], dict]) -> None:
     for name, moe in (("tiny-llama", ""), ("tiny-gpt2", ""), ("tiny-gemma3", ""), ("tiny-qwen3-moe", "moe")):
-        t = layers_of("hf", name, ws)
+        t = hf_taps(name)
         n = json.loads((ws.models / name / "config.json").read_text())
         layers = n.get("num_hidden_layers") or n.get("n_layer")
         want = tensor_names(layers, set(range(layers)) if moe else set())
@@ -57,17 +75,24 @@ def test_every_family_in_the_table_names_its_tensors_in_model_order(ws: Workspac
     ("tiny-qwen3", "mlp", 1), ("tiny-gemma3", "attn", 2), ("tiny-gpt2", "mlp", 1), ("tiny-gpt2", "attn", 0),
     ("tiny-qwen3-moe", "moe", 1)])
 def test_a_planted_weight_is_localized_to_its_layer_and_sub_block(model_name: str, sub: str, layer: int,
-                                                                  ws: Workspace, tmp_path: Path) -> None:
+                                                                  ws: Workspace, tmp_path: Path,
+                                                                  hf_taps: Callable[[str], dict]) -> None:
     """transformers on both sides (the oracle's role played by the unperturbed model): a relative
     1e-2 change of one weight parts the engines exactly at that layer's sub-block, under the bar."""
     got = plant(resolve_model(model_name, ws), tmp_path / "copy", layer=layer, sub=sub, relative=1e-2)
     assert json.loads((tmp_path / "copy" / "PLANTED.json").read_text())["weight"] == got.weight
-    ref = layers_of("hf", model_name, ws)
+    ref = hf_taps(model_name)
     cand = layers_of(f"hf:weights={tmp_path / 'copy'}", model_name, ws)
     p = profile("s", ref, cand, len(SEQ), len(SEQ) - 1)
     assert p.parts_at is not None and p.parts_at.name == f"layer.{layer}.{sub}", p.line()
     assert p.before(p.parts_at) == 0.0  # the same engine and weights before it: bit for bit
-    same = profile("s", ref, layers_of("hf", model_name, ws), len(SEQ), len(SEQ) - 1)
+
+
+@pytest.mark.parametrize("model_name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-gpt2", "tiny-qwen3-moe"])
+def test_a_second_load_of_the_same_weights_parts_nowhere(model_name: str, ws: Workspace,
+                                                         hf_taps: Callable[[str], dict]) -> None:
+    """The control of the test above: a fresh load of the unperturbed weights gives the same taps."""
+    same = profile("s", hf_taps(model_name), layers_of("hf", model_name, ws), len(SEQ), len(SEQ) - 1)
     assert same.parts_at is None and "no sub-block parts" in same.line()
 
 
@@ -124,10 +149,11 @@ def test_the_weights_digest_is_in_the_candidates_settings(ws: Workspace, tmp_pat
         assert got.digest != model.digest
 
 
-def test_the_cmd_protocol_answers_tensors_or_is_refused_with_its_answer(ws: Workspace, tmp_path: Path) -> None:
+def test_the_cmd_protocol_answers_tensors_or_is_refused_with_its_answer(ws: Workspace, tmp_path: Path,
+                                                                        hf_taps: Callable[[str], dict]) -> None:
     model = resolve_model("tiny-llama", ws)
     here = Path(__file__).resolve().parents[2]
-    ref = layers_of("hf", "tiny-llama", ws)
+    ref = hf_taps("tiny-llama")
     t = layers_of(f"cmd:{sys.executable} {here / 'examples' / 'cmd_engine.py'} {{model}}", "tiny-llama", ws)
     p = profile("s", ref, t, len(SEQ), len(SEQ) - 1)
     assert [s.name for s in p.steps] == list(ref) and p.parts_at is None and not p.missing

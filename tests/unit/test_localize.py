@@ -6,6 +6,7 @@ that names why, and the staleness rule."""
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from harness.commands.localize import localize
 from harness.engines import make_runner
 from harness.goldens import golden_dir, read_golden
 from harness.kinds.localize import Localize, divergences, targets_of
-from harness.localize.oracle import cache_path, golden_sequence, read_cached, write_cached
+from harness.localize.oracle import cache_path, cache_root, golden_sequence, read_cached, write_cached
 from harness.localize.plant import plant
 from harness.localize.profile import (
     DEFAULT_BAR,
@@ -29,12 +30,12 @@ from harness.localize.profile import (
     settings,
 )
 from harness.models import resolve_model
-from harness.pipeline import run_gate_by_name
+from harness.pipeline import GateResult, run_gate_by_name
 from harness.records import iter_record_paths, load_record
 from harness.staleness import Current
 from harness.suites import SuiteError
 from harness.tomlcheck import Where
-from harness.workspace import Workspace
+from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import PIN
 from tests.unit.features_kit import make_git_workspace
 
@@ -106,12 +107,29 @@ def seed_oracle_cache(ws: Workspace, model_name: str, suite: str) -> None:
     runner.close()
 
 
+@pytest.fixture(scope="module")
+def oracle_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in oracle's cache of tiny-llama on smoke, made once for the module (a model load
+    and a capture) in a workspace of its own; :func:`seeded` copies it into a test's workspace."""
+    ws = Workspace(tmp_path_factory.mktemp("oracle"))
+    for sub in ("models", "goldens"):
+        (ws.root / sub).symlink_to(REPO_ROOT / sub)  # read only: the cache is written under .cache/
+    seed_oracle_cache(ws, "tiny-llama", "smoke")
+    return cache_root(ws)
+
+
 @pytest.fixture
-def planted_ws(workspace: Workspace) -> tuple[Workspace, Path]:
-    seed_oracle_cache(workspace, "tiny-llama", "smoke")
-    copy = plant(resolve_model("tiny-llama", workspace), workspace.root / "planted", layer=1, sub="mlp",
+def seeded(workspace: Workspace, oracle_cache: Path) -> Workspace:
+    """``workspace`` with the stand-in oracle's tensors cached where the pinned vLLM's would be."""
+    shutil.copytree(oracle_cache, cache_root(workspace))
+    return workspace
+
+
+@pytest.fixture
+def planted_ws(seeded: Workspace) -> tuple[Workspace, Path]:
+    copy = plant(resolve_model("tiny-llama", seeded), seeded.root / "planted", layer=1, sub="mlp",
                  relative=1e-1).path
-    return workspace, copy
+    return seeded, copy
 
 
 def test_a_failing_gate_of_a_planted_copy_is_localized_to_the_planted_layer(
@@ -138,8 +156,8 @@ def test_a_failing_gate_of_a_planted_copy_is_localized_to_the_planted_layer(
     assert loc.extra["wall"]["ratio"] > 0
 
 
-def test_a_strict_divergence_the_near_tie_rule_forgives_is_localized_too(workspace: Workspace) -> None:
-    seed_oracle_cache(workspace, "tiny-llama", "smoke")
+def test_a_strict_divergence_the_near_tie_rule_forgives_is_localized_too(seeded: Workspace) -> None:
+    workspace = seeded
     copy = plant(resolve_model("tiny-llama", workspace), workspace.root / "small", layer=0, sub="mlp",
                  relative=1e-2).path
     gate = run_gate_by_name(workspace, "tiny-llama", "smoke", f"hf:weights={copy}", auto_record=False)
@@ -149,9 +167,20 @@ def test_a_strict_divergence_the_near_tie_rule_forgives_is_localized_too(workspa
     assert all(v.evidence["over_bar"] is None for v in loc.verdicts)  # a 1e-2 change stays under 5e-4
 
 
-def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(workspace: Workspace) -> None:
-    seed_oracle_cache(workspace, "tiny-llama", "smoke")
-    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False)
+@pytest.fixture(scope="module")
+def unperturbed(tmp_path_factory: pytest.TempPathFactory, oracle_cache: Path) -> tuple[Workspace, GateResult]:
+    """A gate of the unperturbed model (transformers) in a seeded workspace of the module's: the
+    tests below read its record and never change it."""
+    ws = Workspace(tmp_path_factory.mktemp("unperturbed"))
+    for sub in ("suites", "models", "goldens"):
+        shutil.copytree(REPO_ROOT / sub, ws.root / sub)
+    shutil.copytree(oracle_cache, cache_root(ws))
+    return ws, run_gate_by_name(ws, "tiny-llama", "smoke", "hf", auto_record=False)
+
+
+def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(
+        unperturbed: tuple[Workspace, GateResult]) -> None:
+    workspace, gate = unperturbed
     assert not divergences(gate.record)
     assert localize(workspace, gate.record, str(gate.path)).record.summary.startswith("localize: no case")
     loc = localize(workspace, gate.record, str(gate.path), cases="all").record
@@ -160,8 +189,8 @@ def test_an_unperturbed_copy_localizes_nothing_and_every_case_can_be_profiled(wo
     assert all(v.summary.endswith("the case did not diverge either") for v in loc.verdicts)
 
 
-def test_an_engine_without_tensors_is_refused_with_its_reason(workspace: Workspace) -> None:
-    gate = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False)
+def test_an_engine_without_tensors_is_refused_with_its_reason(unperturbed: tuple[Workspace, GateResult]) -> None:
+    workspace, gate = unperturbed
     rec = replace(gate.record, candidate=replace(gate.record.candidate, name="vllm-server"))
     loc = localize(workspace, rec, "x.json").record
     assert loc.outcome == "refused" and len(loc.verdicts) == 8

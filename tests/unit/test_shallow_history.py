@@ -16,6 +16,7 @@ import pytest
 from harness.features import generate, tracked_records, write_pages
 from harness.staleness import NoAnswer, history_missing, is_ancestor, is_shallow
 from harness.workspace import REPO_ROOT, Workspace
+from tests.unit.child_pytest import NO_HYPOTHESIS
 from tests.unit.features_kit import commit, git, make_git_workspace, make_record
 
 
@@ -82,7 +83,7 @@ def _committed_pages_test(root: Path, **env: str) -> subprocess.CompletedProcess
     """Run tests/unit/test_features_committed.py of this tree against the checkout at ``root``."""
     e = {k: v for k, v in os.environ.items() if k != "HARNESS_REQUIRE_HISTORY"}
     e.update(HARNESS_ROOT=str(root), PYTHONPATH=str(REPO_ROOT), **env)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *NO_HYPOTHESIS,
                            str(REPO_ROOT / "tests/unit/test_features_committed.py")],
                           cwd=REPO_ROOT, env=e, capture_output=True, text=True, timeout=300)
 

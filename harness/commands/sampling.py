@@ -26,9 +26,9 @@ def run_sampling(
     write: bool = True,
 ) -> list[GateResult]:
     """One record per candidate; the pinned oracle runs once, before the first."""
+    from harness.kinds.sampling_oracle import oracle_rows
     from harness.models import resolve_model
     from harness.pipeline import kind_of, run_gate
-    from harness.kinds.sampling_oracle import oracle_rows
     from harness.sampling.settings import gate_settings
     from harness.suites import find_suite
 

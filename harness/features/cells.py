@@ -9,6 +9,7 @@ why. Legend: see :data:`SYMBOL`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -29,6 +30,16 @@ WORST: tuple[str, ...] = ("pass", "na", "todo", "stale", "refused", "partial", "
 WARN = "⚠"
 ORACLE = "oracle"
 """The oracle column's key."""
+
+
+def release_of(rec: Record) -> str:
+    """The engine release a record ran: the version the engine reported, or, for an engine that died
+    before it could say (``unknown``), the release its spec named (``vllm@0.22.1/...``)."""
+    version = rec.candidate.version
+    if version and version != "unknown":
+        return version
+    named = re.match(r"[\w.-]+@([^/:,]+)", rec.candidate.name)
+    return named.group(1) if named else (version or "unknown")
 
 
 def release_key(version: str) -> tuple[int, ...]:
@@ -231,17 +242,17 @@ class Judge:
         if spec is None or not any(ch in spec for ch in "*?["):
             return None
         live = [lr for lr in self.matching(row, model, spec) if lr.record.id not in self.sup]
-        versions = list(dict.fromkeys(lr.record.candidate.version for lr in live))
+        versions = list(dict.fromkeys(release_of(lr.record) for lr in live))
         if len(versions) < 2:
             return None
         parts: list[tuple[tuple[int, ...], str, State, Loaded]] = []
         for v in versions:
-            mine = [lr for lr in live if lr.record.candidate.version == v]
+            mine = [lr for lr in live if release_of(lr.record) == v]
             lr = next((x for x in mine if not self.stale(x)), mine[0])
             state, text = judge_record(lr.record, row.prove)
             if self.stale(lr):
                 state, text = "stale", "; ".join(self.stale(lr))
-            version = lr.record.candidate.version
+            version = release_of(lr.record)
             label = f"{version} {SYMBOL[state]}" + ("" if state == "pass" else f" ({clip(text, INLINE)})")
             parts.append((release_key(version), label, state, lr))
         parts.sort(key=lambda p: p[0])

@@ -301,3 +301,16 @@ def test_a_glob_cell_with_several_releases_names_each_and_shows_the_worst(ws: Wo
     assert c.state == "partial"  # the worst of the two leads
     assert c.text == "2 releases: 0.26.0 ◐ (near_tie 7/8 (c08)), 0.31.0 ✅"  # in release order
     assert c.record is not None and "vllm-0.31.0" in c.record  # the newest is cited
+
+
+def test_a_release_whose_engine_died_before_naming_itself_is_named_by_its_spec() -> None:
+    from types import SimpleNamespace
+
+    from harness.features.cells import release_of
+
+    def rec(name: str, version: str) -> SimpleNamespace:
+        return SimpleNamespace(candidate=SimpleNamespace(name=name, version=version))
+
+    assert release_of(rec("vllm@0.22.1/vllm.x:ExampleConnector", "unknown")) == "0.22.1"  # type: ignore[arg-type]
+    assert release_of(rec("vllm@0.22.1/vllm.x:ExampleConnector", "0.22.1")) == "0.22.1"  # type: ignore[arg-type]
+    assert release_of(rec("vllm/harness-store", "unknown")) == "unknown"  # type: ignore[arg-type]

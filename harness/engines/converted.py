@@ -22,7 +22,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +60,19 @@ def conversion_dir(cache: Path, engine: str, model: ModelRef, options: Mapping[s
 def ensure_converted(cache: Path, engine: str, python: Path, worker: Path, model: ModelRef,
                      options: Mapping[str, Any], what: str) -> Converted:
     """The converted folder of ``model`` for ``engine`` (``ctranslate2-4.8.5``), converting first if
-    needed. ``what`` names the engine in messages."""
+    needed with the engine's worker under its own interpreter. ``what`` names the engine in
+    messages."""
+    def convert(source: Path, dest: Path, log: Path) -> dict[str, Any]:
+        return _convert(python, worker, source, dest, options, log, what)
+
+    return ensure_converted_by(cache, engine, model, options, convert)
+
+
+def ensure_converted_by(cache: Path, engine: str, model: ModelRef, options: Mapping[str, Any],
+                        convert: Callable[[Path, Path, Path], Mapping[str, Any]]) -> Converted:
+    """The converted folder of ``model`` for ``engine``, made by ``convert(source, dest, log)`` (which
+    returns its facts) on first use: under a lock, into a scratch folder renamed into place once
+    its stamp is written, so a half-made conversion is never used."""
     folder = conversion_dir(cache, engine, model, options)
     with locked(folder.with_name(folder.name + ".lock")):
         if (folder / STAMP).exists():
@@ -71,7 +83,7 @@ def ensure_converted(cache: Path, engine: str, python: Path, worker: Path, model
         log = folder.with_name(folder.name + ".convert.log")
         t0 = time.perf_counter()
         try:
-            out = _convert(python, worker, Path(model.path), tmp, options, log, what)
+            out = dict(convert(Path(model.path), tmp, log))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

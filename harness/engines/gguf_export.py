@@ -1,6 +1,6 @@
 """A GGUF file written from the checkpoint the oracle runs, so llama.cpp and vLLM load the same weights.
 
-``llamacpp:gguf=f32`` (or ``f16``) serves a GGUF the harness writes itself from the model folder's
+``llamacpp:gguf=f32`` (or ``f16``, ``q8_0``) serves a GGUF the harness writes itself from the model folder's
 safetensors with the ``gguf`` package: the weights are the oracle's, bit for bit in F32, and only
 the engines differ. Llama-architecture checkpoints (``LlamaForCausalLM``) only:
 
@@ -32,7 +32,11 @@ import numpy as np
 
 from harness.files import locked, sha256_file
 
-KINDS = ("f32", "f16")
+KINDS = ("f32", "f16", "q8_0")
+
+
+Q8_0_BLOCK = 32
+"""Weights per Q8_0 block (one float16 scale and 32 int8): rows must be a multiple of it."""
 
 
 class GGUFExportError(ValueError):
@@ -45,7 +49,7 @@ class GGUFFile:
 
     path: Path
     kind: str
-    """``f32``/``f16`` (written by the harness) or ``source`` (the file the model was built from)."""
+    """``f32``/``f16``/``q8_0`` (written by the harness) or ``source`` (the file the model was built from)."""
     facts: Mapping[str, Any]
 
     def to_json(self) -> dict[str, Any]:
@@ -126,7 +130,8 @@ def _write(model_dir: Path, kind: str, out: Path, source: Path | None) -> dict[s
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_vocab_size(int(cfg["vocab_size"]))
-    w.add_file_type(gguf.LlamaFileType.ALL_F32 if kind == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+    w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
     tokenizer_from = _tokenizer(w, model_dir, cfg, source)
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layer)
@@ -149,7 +154,12 @@ def _write(model_dir: Path, kind: str, out: Path, source: Path | None) -> dict[s
             data = interleave_heads(data, n_head)
         elif hf_name.endswith("self_attn.k_proj.weight"):
             data = interleave_heads(data, n_kv)
-        if kind == "f16" and data.ndim > 1:
+        if kind == "q8_0" and data.ndim > 1 and data.shape[-1] % Q8_0_BLOCK == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(gg_name, gguf.quants.quantize(np.ascontiguousarray(data), q8), raw_dtype=q8)
+            written += 1
+            continue
+        if kind in ("f16", "q8_0") and data.ndim > 1:  # a matrix Q8_0 cannot block stays F16
             data = data.astype(np.float16)
         w.add_tensor(gg_name, np.ascontiguousarray(data))
         written += 1

@@ -44,6 +44,13 @@ def oracle_available() -> str | None:
     return None if importlib.util.find_spec("vllm") else "vLLM is not installed in this environment"
 
 
+def oracle_spec(engine: str, suite: Suite) -> str:
+    """The oracle's engine spec for ``suite``: ``engine``, with the suite's ``[oracle] dtype``."""
+    if suite.oracle_dtype is None:
+        return engine
+    return f"{engine}{',' if ':' in engine else ':'}dtype={suite.oracle_dtype}"
+
+
 def record_goldens(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None = None, *,
                    engine: str | None = None, into: Path | None = None) -> Golden:
     """Run the pinned oracle once over the whole suite and write goldens/<model>/<suite>/, under the
@@ -67,7 +74,8 @@ def _record(ws: Workspace, model: ModelRef, suite: Suite, pin: OraclePin | None,
                           + record_command(model.name, suite.name))
     cases = suite.build_cases(model.encode, model.limits)
     ws.runs.mkdir(parents=True, exist_ok=True)
-    runner = make_runner(engine or pin.engine, model, RunnerContext(run_dir=ws.runs, name=ORACLE))
+    runner = make_runner(oracle_spec(engine or pin.engine, suite), model,
+                         RunnerContext(run_dir=ws.runs, name=ORACLE))
     t0 = time.perf_counter()
     try:
         with step(f"recording goldens {model.name}/{suite.name} with {pin.spec}"):

@@ -76,6 +76,10 @@ class Suite:
     path: Path
     digest: str
     """sha256 of the suite file: goldens remember it."""
+    oracle_dtype: str | None = None
+    """``[oracle] dtype``: the dtype the pinned vLLM computes these goldens in (None: the model's
+    own, float32 for the tiny models). A suite of its own per dtype keeps each golden set apart:
+    ``smoke_bf16`` is ``smoke`` recorded in bfloat16, for engines that load bfloat16 only."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Other top-level tables (e.g. ``kv``, ``accuracy``) for the gate kind that reads them; a
     table its kind does not read is refused when the gate starts."""
@@ -150,7 +154,8 @@ def _logprobs(d: Mapping[str, Any], where: Where) -> tuple[int, bool]:
 
 
 GREEDY = "parity gates are greedy; seeded rollouts are an invariance suite's [rl] table"
-TOP = ("name", "version", "kind", "description", "sampling", "compare", "cases")
+TOP = ("name", "version", "kind", "description", "sampling", "compare", "cases", "oracle")
+ORACLE_DTYPES = ("bfloat16", "float16", "float32")
 CASE_KEYS = ("id", "text", "ids", "repeat", "tags")
 
 
@@ -207,8 +212,16 @@ def load_suite(path: Path) -> Suite:
         repeat = need_int(c, "repeat", cw, 1, lo=1)
         tags = need_list(c, "tags", cw, [], nonempty=False)
         cases.append(CaseSpec(cid, text, tuple(ids) if ids is not None else None, repeat, tuple(tags)))
+    oracle_dtype = None
+    if "oracle" in raw:
+        ow = top / "oracle"
+        o = check_table(raw["oracle"], ow)
+        check_keys(o, ow, ("dtype",))
+        oracle_dtype = need_str(o, "dtype", ow)
+        if oracle_dtype not in ORACLE_DTYPES:
+            raise (ow / "dtype").fail(f"is {oracle_dtype!r}; valid: {', '.join(ORACLE_DTYPES)}")
     return Suite(
-        name=name, version=version, kind=kind,
+        name=name, version=version, kind=kind, oracle_dtype=oracle_dtype,
         description=need_str(raw, "description", top, "", nonempty=False),
         sampling=sampling, comparators=tuple(comps), cases=tuple(cases), path=path,
         digest=hashlib.sha256(raw_bytes).hexdigest(),

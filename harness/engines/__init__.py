@@ -33,6 +33,7 @@ from harness.engines import (  # noqa: F401 - they register
     vllm_release,
     vllm_sampler,
     vllm_server,
+    vllmcpp,
 )
 from harness.engines.base import ENGINES, RunnerContext, engine_key, parse_options, split_spec
 from harness.models import ModelRef

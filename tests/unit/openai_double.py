@@ -52,6 +52,10 @@ class Double:
     text_only: bool = False
     api_key: str | None = None
     ids_refused: bool = False
+    ids_error: str | None = None
+    """``kills``: a token-id prompt stops the engine, and every later completion answers HTTP 500
+    (vllm.cpp at d85906ae); ``500``: a token-id prompt answers HTTP 500 and the server stays up."""
+    dead: bool = False
     encode: Callable[[str], Sequence[int]] | None = None
     render: Callable[[int], str] | None = None
     tokenize: str | None = None
@@ -203,6 +207,15 @@ def _handler(d: Double) -> type[BaseHTTPRequestHandler]:
                 return
             with d.lock:
                 d.bodies.append(body)
+            if d.dead:
+                msg = "request submitted to a stopped AsyncLLM"
+                self._send(500, json.dumps({"error": {"message": msg, "code": 500}}).encode())
+                return
+            if isinstance(body.get("prompt"), list) and d.ids_error is not None:
+                d.dead = d.ids_error == "kills"
+                msg = "num_new_tokens must be greater than 0 when there are no external computed tokens"
+                self._send(500, json.dumps({"error": {"message": msg, "code": 500}}).encode())
+                return
             if isinstance(body.get("prompt"), list) and d.ids_refused:
                 msg = "prompt: Input should be a valid string"
                 self._send(422, json.dumps({"error": {"message": msg, "code": 422}}).encode())

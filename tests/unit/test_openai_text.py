@@ -51,8 +51,37 @@ def test_a_server_refusing_id_prompts_gets_text_and_its_tokenization_is_checked(
     controls = {c.mutation: c for c in rec.controls if c.comparator == "tokenizer"}
     assert [c.got for c in controls.values()] == ["fail 8/8", "fail 8/8", "pass 8/8"], controls
     sent = [b["prompt"] for b in d.bodies]
-    assert isinstance(sent[0], list) and all(isinstance(p, str) for p in sent[1:])
+    # the text canary, then the token-id attempt, then text only
+    assert isinstance(sent[0], str) and isinstance(sent[1], list) and all(isinstance(p, str) for p in sent[2:])
     assert all(v.status == "pass" for v in by_case(rec, "strict").values())  # ids still come back
+
+
+def test_a_server_killed_by_a_token_id_prompt_is_named_and_not_gated(workspace: Workspace) -> None:
+    """vllm.cpp at d85906ae: a token-id prompt stops its engine and every later request answers
+    HTTP 500. The probe's text canary answered before and fails after: the report says so, naming
+    the request, instead of 'no usable answer'."""
+    d = double_for(workspace, ids_refused=False, ids_error="kills", tokenize="extras",
+                   encode=resolve_model("tiny-llama", workspace).encode)
+    with serve(d) as url:
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+    assert rec.outcome == "error" and d.dead
+    detail = rec.verdicts[0].detail
+    assert "died on a token-id prompt" in detail and "c01 sent as token ids" in detail, detail
+    assert "stopped AsyncLLM" in detail and "dead server" in detail
+    kinds = ["ids" if isinstance(b["prompt"], list) else "text" for b in d.bodies]
+    assert kinds[0] == "text" and kinds[-1] == "text" and "ids" in kinds, kinds  # canary, ids, canary
+    assert len(d.bodies) <= 6  # the probe stopped there: no case was gated against the dead server
+
+
+def test_a_server_that_errs_on_token_ids_but_stays_up_gets_text(workspace: Workspace) -> None:
+    d = double_for(workspace, ids_refused=False, ids_error="500", tokenize="extras",
+                   encode=resolve_model("tiny-llama", workspace).encode)
+    with serve(d) as url:
+        rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
+    assert rec.outcome == "pass", rec.summary
+    caps = rec.extra["capabilities"]
+    assert caps["prompts"] == "text"
+    assert any("answers token-id prompts with an error" in n and "stays up" in n for n in caps["notes"])
 
 
 def test_prompts_ids_refuses_a_server_that_takes_only_text(workspace: Workspace) -> None:

@@ -48,6 +48,7 @@ class Prober:
         reasons: dict[str, str] = {}
         prompts = "text" if self.options.prompts == "text" else "ids"
         shape = ServerProtocol({}, 0, None, False, Capabilities(), False, prompts)
+        canary = self._canary(case, shape, sampling) if self._may_try_ids(prompts) else None
         for _ in range(7):
             # A short prefix: the probe must not leave full KV blocks for the real request to hit.
             prompt = self.decoder.prompt(case, replace(shape, prompts=prompts), 8)
@@ -58,6 +59,13 @@ class Prober:
                 break
             except Fault as f:
                 text = f.excerpt or f.what
+                if canary is not None and prompts == "ids" and f.status >= 500:
+                    why = first_line(self.http.redact(f.describe()))
+                    self._still_alive(canary, case, why)
+                    notes.append(f"server answers token-id prompts with an error ({why}) and stays up: "
+                                 f"prompts sent as text, the server's tokenization verified per case")
+                    prompts = "text"
+                    continue
                 # llama-cpp-python answers a request it cannot validate with HTTP 500
                 if f.status not in (400, 422) and not (f.status == 500 and "validation error" in text):
                     raise
@@ -89,6 +97,39 @@ class Prober:
         else:
             raise EngineRefused(f"{self.name}: could not agree on a request shape: {'; '.join(notes)}")
         return self._found(reply, k, extras, prompts, sampling, notes, reasons)
+
+    def _may_try_ids(self, prompts: str) -> bool:
+        """Whether the probe will try token ids where text would also do (``prompts=auto`` with the
+        model's tokenizer at hand): then it first sends the same request as text, the canary."""
+        return prompts == "ids" and self.options.prompts == "auto" and self.decoder.model is not None
+
+    def _canary(self, case: Case, shape: ServerProtocol, sampling: Sampling) -> dict[str, Any] | None:
+        """A text request (2 tokens, no logprobs) sent once before the first token-id prompt: that
+        the server answers it is what later shows a token-id prompt killed it. None when the server
+        does not take it (a server may take token ids only); the probe then goes on without."""
+        text = self.decoder.prompt(case, replace(shape, prompts="text"), 8)
+        body = self.options.completion_body(self.served, text, min(2, sampling.max_tokens), 0, {},
+                                            stream=False)
+        try:
+            self.http.with_retries(lambda: self.http.complete(body, False))
+        except Fault:
+            return None
+        return body
+
+    def _still_alive(self, canary: Mapping[str, Any], case: Case, why: str) -> None:
+        """After a token-id prompt failed: the canary again. A server that answered it before and
+        fails it now died on the token-id prompt, and every later answer would come from a dead
+        server: say so, naming the request, instead of gating its error pages."""
+        try:
+            self.http.complete(dict(canary), False)
+        except Fault as f:
+            raise EngineFailed(
+                f"{self.name}: the server died on a token-id prompt: {case.id} sent as token ids "
+                f"(\"prompt\": [...], a form the OpenAI API allows) answered {why}, and the text "
+                f"request it had answered just before now answers "
+                f"{first_line(self.http.redact(f.describe()))}. Every later answer would come from "
+                f"a dead server. Restart it and gate it with prompts=text (or report the crash to "
+                f"the engine)") from None
 
     def _found(self, reply: Reply, k: int, extras: Mapping[str, Any], prompts: str, sampling: Sampling,
                notes: list[str], reasons: dict[str, str]) -> ServerProtocol:

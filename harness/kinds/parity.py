@@ -16,7 +16,7 @@ from typing import Any
 from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Status, Verdict, failure_verdicts
 from harness.capabilities import Capabilities
 from harness.checks import candidate_checks, check_controls, check_gates, checks_summary
-from harness.compare.judgeable import capability_extra, comparator_for, impossible_verdict
+from harness.compare.judgeable import capability_extra, comparator_for, impossible, impossible_verdict
 from harness.controls import suite_controls
 from harness.distribution import Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
@@ -198,12 +198,31 @@ class Parity:
         info = ran.info
         if ran.facts is not None and ran.facts.device.get("class"):
             info = replace(info, environment={**info.environment, "device_class": ran.facts.device["class"]})
+        gates = suite_gates(suite, caps, extra)
+        if gates != tuple(s.name for s in suite.comparators if s.gate):
+            summary += f" — gated by {', '.join(gates)} ({extra['gates_instead']})"
         return Judgement(
             label=req.candidate, candidate=info, verdicts=tuple(verdicts),
-            gates=tuple(s.name for s in suite.comparators if s.gate) + check_gates(verdicts),
+            gates=gates + check_gates(verdicts),
             controls=tuple(controls),
             summary=summary, timings=timings, extra=extra, golden=golden, distribution=dist,
             figure_title=f"{model.name} / {suite.name}: {req.candidate} vs oracle")
+
+
+def suite_gates(suite: Suite, caps: Capabilities | None, extra: dict[str, Any]) -> tuple[str, ...]:
+    """The suite's gates; when every one of them is impossible on this candidate (near-tie on a
+    server that returns text only) and ``strict`` can judge it, ``strict`` gates instead — the one
+    judgement of the model's output left — and ``extra["gates_instead"]`` says why. Otherwise the
+    impossible gates stay, and judge nothing: the run cannot pass (:func:`harness.records.outcome_of`)."""
+    named = tuple(s.name for s in suite.comparators if s.gate)
+    if caps is None or not named:
+        return named
+    lost = impossible(caps, [s.name for s in suite.comparators])
+    if all(g in lost for g in named) and any(s.name == "strict" for s in suite.comparators) \
+            and "strict" not in lost:
+        extra["gates_instead"] = "; ".join(f"{g} is impossible: {lost[g]}" for g in named)
+        return ("strict",)
+    return named
 
 
 register_kind(Parity(), help="goldens -> candidate -> strict / near-tie / KL / drift / NMSE")

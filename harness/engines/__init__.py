@@ -34,6 +34,7 @@ from harness.engines import (  # noqa: F401 - they register
     vllm_sampler,
     vllm_server,
     vllmcpp,
+    vllmcpp_server,
 )
 from harness.engines.base import ENGINES, RunnerContext, engine_key, parse_options, split_spec
 from harness.models import ModelRef

@@ -10,6 +10,7 @@ batches them. Options, comma-separated:
 
 =================  ===========================================================================
 ``src=PATH``       the vllm.cpp source (else ``$HARNESS_VLLMCPP_SRC``)
+``dtype=float32``  the model's float32 safetensors as they are (default ``bfloat16``: converted)
 ``gguf=f16``       a GGUF the harness writes from the model's safetensors (``f16``, ``q8_0``,
                    ``f32``), loaded by vllm.cpp's GGUF path; default: BF16 safetensors
 ``num_blocks=N``   KV-cache blocks (default 256) · ``max_num_seqs=N`` (default 8) ·
@@ -55,7 +56,10 @@ from harness.workspace import REPO_ROOT, Workspace
 TIMEOUT_S = float(os.environ.get("HARNESS_VLLMCPP_TIMEOUT_S", "3600"))
 ENGINE_OPTIONS = {"num_blocks": "KV-cache blocks", "max_num_seqs": "requests the scheduler admits",
                   "block_size": "tokens per KV block"}
+DTYPES = ("bfloat16", "float32")
 OPTIONS = {"src": "the vllm.cpp source: a checkout or a .tar.gz of one",
+           "dtype": "bfloat16 (default: the oracle's weights converted) or float32 (the model's "
+                    "safetensors as they are: vllm.cpp's dense loader refuses them at d85906ae)",
            "gguf": f"load a GGUF the harness writes ({', '.join(KINDS)}) instead of BF16 safetensors",
            **ENGINE_OPTIONS}
 NO_LOGPROBS = ("vllm.cpp returns no logprobs at this source: its CompletionOutput keeps them as an "
@@ -107,6 +111,11 @@ class VllmCppRunner(NoTensors):
             valid = ", ".join(f"{k} ({v})" for k, v in OPTIONS.items())
             raise EngineRefused(f"candidate {name!r}: unknown option(s) {', '.join(unknown)}; valid: {valid}")
         gguf = options.get("gguf")
+        self.dtype = options.get("dtype", "bfloat16")
+        if self.dtype not in DTYPES:
+            raise EngineRefused(f"candidate {name!r}: dtype={self.dtype!r}; valid: {', '.join(DTYPES)}")
+        if gguf is not None and "dtype" in options:
+            raise EngineRefused(f"candidate {name!r}: gguf= and dtype= both name the weights; give one")
         if gguf is not None and gguf not in KINDS:
             raise EngineRefused(f"candidate {name!r}: gguf={gguf!r}; the harness writes {', '.join(KINDS)}")
         self.engine_opts: dict[str, int] = {}
@@ -119,7 +128,7 @@ class VllmCppRunner(NoTensors):
         self.name, self.model, self.options = name, model, dict(options)
         self.run_dir, self.repo_root = run_dir, repo_root
         self.build: Build | None = None
-        self.weights: Converted | GGUFFile | None = None
+        self.weights: Converted | GGUFFile | Path | None = None
         self.timings: dict[str, float] = {}
         self.meta: dict[str, Any] = {}
         self.log_path: Path | None = None
@@ -131,8 +140,10 @@ class VllmCppRunner(NoTensors):
 
     def info(self) -> EngineInfo:
         gguf = self.options.get("gguf")
+        weights = (f"GGUF {gguf}, written by the harness from the model's safetensors" if gguf else
+                   "float32: the model's safetensors as they are" if self.dtype == "float32" else CONVERSION)
         settings: dict[str, Any] = {
-            "weights": f"GGUF {gguf}, written by the harness from the model's safetensors" if gguf else CONVERSION,
+            "weights": weights, **({"dtype": self.dtype} if gguf is None else {}),
             "prompts": "text", "engine": dict(self.engine_opts), "request": {"temperature": 0.0}}
         env: dict[str, Any] = {}
         if self.build is not None:
@@ -166,6 +177,8 @@ class VllmCppRunner(NoTensors):
                                            self.model.digest)
             except GGUFExportError as e:
                 raise EngineRefused(f"{self.name}: {e}") from None
+        elif self.dtype == "float32":
+            self.weights = Path(self.model.path)
         else:
             self.weights = ensure_converted_by(cache, "vllmcpp-bf16", self.model, {}, to_bf16)
         self.timings["weights_ready_s"] = time.perf_counter() - t0
@@ -173,7 +186,7 @@ class VllmCppRunner(NoTensors):
     @property
     def model_path(self) -> Path:
         assert self.weights is not None, "start() first"
-        return self.weights.path
+        return self.weights if isinstance(self.weights, Path) else self.weights.path
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         assert self.build is not None, "start() first"
@@ -240,7 +253,7 @@ class VllmCppRunner(NoTensors):
         places = {self.model.path: self.model.name}
         if self.build is not None:
             places[str(self.build.folder)] = "<vllm.cpp build>"
-        if self.weights is not None:
+        if self.weights is not None and not isinstance(self.weights, Path):
             places[str(self.weights.path.parent)] = "<converted>"
         if self.run_dir is not None:
             places[str(self.run_dir)] = "<run folder>"

@@ -32,8 +32,12 @@ class OpenAIRunner(NoTensors, OpenAISampling):
     tensors_why_not = "an OpenAI-compatible server answers tokens and logprobs, never its hidden states"
 
     def __init__(self, options: OpenAIOptions, name: str = "openai",
-                 watch: Callable[[], str | None] | None = None, model: ModelRef | None = None) -> None:
+                 watch: Callable[[], str | None] | None = None, model: ModelRef | None = None,
+                 tokenize: tuple[str, Callable[[str], Sequence[int]]] | None = None) -> None:
         self.name = name
+        self.tokenize = tokenize
+        """(how, text -> ids): where the server's tokenization is read when the runner that started
+        it knows better than the server's endpoints (a server without a tokenize endpoint)."""
         self.options = options
         self.watch = watch
         self.model = model
@@ -185,7 +189,8 @@ class OpenAIRunner(NoTensors, OpenAISampling):
         assert self.protocol is not None
         first = self.decoder.prompt(cases[0], self.protocol)
         assert isinstance(first, str)
-        endpoint = tokenize_endpoint(self.http.post_json, self.http.root(), self._served.get("id"), first)
+        endpoint = self.tokenize or tokenize_endpoint(self.http.post_json, self.http.root(),
+                                                      self._served.get("id"), first)
         how = endpoint[0] if endpoint else "echo (token texts)"
         served: dict[str, tuple[int, ...]] = {}
         errors: dict[str, str] = {}

@@ -176,19 +176,11 @@ def upgrade(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def outcome_of(verdicts: Sequence[Verdict], gates: Sequence[str]) -> Outcome:
-    """fail if any gated verdict failed, else error, else refused, else pass; nothing judged: skip.
-    A gate whose every verdict is a skip (impossible on this candidate) judged nothing, so the run
-    cannot pass on the other gates alone: skip."""
+    """fail if any gated verdict failed, else error, else refused, else pass; nothing judged: skip."""
     gated = [v.status for v in verdicts if v.comparator in gates]
     for status in ("fail", "error", "refused"):
         if status in gated:
             return status  # type: ignore[return-value]
-    by_gate: dict[str, set[str]] = {}
-    for v in verdicts:
-        if v.comparator in gates:
-            by_gate.setdefault(v.comparator, set()).add(v.status)
-    if any(statuses == {"skip"} for statuses in by_gate.values()):
-        return "skip"
     return "pass" if "pass" in gated else "skip"
 
 

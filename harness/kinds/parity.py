@@ -199,11 +199,16 @@ class Parity:
         if ran.facts is not None and ran.facts.device.get("class"):
             info = replace(info, environment={**info.environment, "device_class": ran.facts.device["class"]})
         gates = suite_gates(suite, caps, extra)
-        if gates != tuple(s.name for s in suite.comparators if s.gate):
+        if "gates_instead" in extra:
             summary += f" — gated by {', '.join(gates)} ({extra['gates_instead']})"
+        if caps is not None and gates and all(g in impossible(caps, gates) for g in gates):
+            # nothing the suite gates on can be judged: the self-checks alone cannot pass the run
+            summary += " — no gate can judge this candidate"
+        else:
+            gates += check_gates(verdicts)
         return Judgement(
             label=req.candidate, candidate=info, verdicts=tuple(verdicts),
-            gates=gates + check_gates(verdicts),
+            gates=gates,
             controls=tuple(controls),
             summary=summary, timings=timings, extra=extra, golden=golden, distribution=dist,
             figure_title=f"{model.name} / {suite.name}: {req.candidate} vs oracle")
@@ -213,7 +218,7 @@ def suite_gates(suite: Suite, caps: Capabilities | None, extra: dict[str, Any]) 
     """The suite's gates; when every one of them is impossible on this candidate (near-tie on a
     server that returns text only) and ``strict`` can judge it, ``strict`` gates instead — the one
     judgement of the model's output left — and ``extra["gates_instead"]`` says why. Otherwise the
-    impossible gates stay, and judge nothing: the run cannot pass (:func:`harness.records.outcome_of`)."""
+    impossible gates stay and judge nothing, and the self-checks do not gate: the run is a skip."""
     named = tuple(s.name for s in suite.comparators if s.gate)
     if caps is None or not named:
         return named

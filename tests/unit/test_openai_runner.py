@@ -122,7 +122,9 @@ def test_a_text_only_server_gets_strict_on_text_and_the_rest_is_impossible(works
     strict = by_case(rec, "strict")
     assert all(x.status == "pass" and x.evidence["mode"] == "text" for x in strict.values())
     assert all(x.status == "skip" for x in by_case(rec).values())
-    assert rec.outcome == "skip"  # the gating comparator could not judge: not a pass
+    # near-tie could not judge: strict on text gates instead, and the summary says so
+    assert rec.gates[:1] == ("strict",) and "gated by strict (near_tie is impossible" in rec.summary
+    assert rec.outcome == "pass"
 
 
 def test_text_only_strict_still_fails_on_different_text(workspace: Workspace) -> None:
@@ -134,6 +136,7 @@ def test_text_only_strict_still_fails_on_different_text(workspace: Workspace) ->
         rec = run_gate_by_name(workspace, "tiny-llama", "smoke", f"openai:{url}", auto_record=False).record
     v = by_case(rec, "strict")[cid]
     assert v.status == "fail" and "char 3" in v.summary
+    assert rec.outcome == "fail"  # strict gates a text-only server
 
 
 def test_api_key_is_sent_from_the_env_and_never_recorded(workspace: Workspace,

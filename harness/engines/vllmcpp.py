@@ -241,7 +241,7 @@ class VllmCppRunner(NoTensors):
                             notes=(TEXT_ONLY,), request={"temperature": 0.0},
                             tokenized_by="the engine's RequestOutput.prompt_token_ids",
                             served_prompt_ids=dict(self.served), tokenize_errors=lost)
-        return RunFacts(timings=dict(self.timings), capabilities=caps,
+        return RunFacts(timings=dict(self.timings), capabilities=caps, batched=True,
                         device=device_block("cpu") if self.meta else {})
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Status, Verdict, failure_verdicts
 from harness.capabilities import Capabilities
 from harness.checks import candidate_checks, check_controls, check_gates, checks_summary
-from harness.compare.judgeable import capability_extra, comparator_for, impossible, impossible_verdict
+from harness.compare.judgeable import capability_extra, comparator_for, impossible, impossible_verdict, needs
 from harness.controls import suite_controls
 from harness.distribution import Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
@@ -215,16 +215,19 @@ class Parity:
 
 
 def suite_gates(suite: Suite, caps: Capabilities | None, extra: dict[str, Any]) -> tuple[str, ...]:
-    """The suite's gates; when every one of them is impossible on this candidate (near-tie on a
-    server that returns text only) and ``strict`` can judge it, ``strict`` gates instead — the one
-    judgement of the model's output left — and ``extra["gates_instead"]`` says why. Otherwise the
+    """The suite's gates; when every one of them is impossible on this candidate only for want of
+    token ids (near-tie on a server that returns text only) and ``strict`` can judge it on text,
+    ``strict`` gates instead — the one judgement of the model's output left — and
+    ``extra["gates_instead"]`` says why. Otherwise (a gate that needs logprobs) the
     impossible gates stay and judge nothing, and the self-checks do not gate: the run is a skip."""
     named = tuple(s.name for s in suite.comparators if s.gate)
     if caps is None or not named:
         return named
     lost = impossible(caps, [s.name for s in suite.comparators])
-    if all(g in lost for g in named) and any(s.name == "strict" for s in suite.comparators) \
-            and "strict" not in lost:
+    missing = caps.missing()
+    only_ids = all(g in lost and [m for m in sorted(needs(g)) if m in missing] == ["token_ids"]
+                   for g in named)  # strict on text stands in for what needs ids, not logprobs
+    if only_ids and any(s.name == "strict" for s in suite.comparators) and "strict" not in lost:
         extra["gates_instead"] = "; ".join(f"{g} is impossible: {lost[g]}" for g in named)
         return ("strict",)
     return named

@@ -260,3 +260,23 @@ def test_sampling_is_greedy_in_the_request(planted_worker: Path, workspace: Work
     req = json.loads(next(tmp_path.glob("vllmcpp-*/request.json")).read_text())
     assert req["sampling"]["temperature"] == 0.0 and req["engine"]["max_num_seqs"] == 4
     assert req["cases"] == [{"id": "c01", "prompt_text": "Hello", "max_tokens": 3}]
+
+
+def test_strict_stands_in_for_near_tie_on_text_but_never_for_kl(workspace: Workspace) -> None:
+    """A text-only server cannot be judged by near-tie (it needs ids): strict on text gates instead.
+    An engine without logprobs cannot be judged by KL or drift, and strict is no stand-in for a
+    distribution: those gates stay, judge nothing, and the run is a skip (not a strict FAIL)."""
+    from harness.capabilities import Capabilities
+    from harness.kinds.parity import suite_gates
+    from harness.suites import find_suite
+
+    text_only = Capabilities(token_ids=False, top_logprobs=False)
+    no_logprobs = Capabilities(top_logprobs=False, reasons={"top_logprobs": vc.NO_LOGPROBS})
+    extra: dict[str, object] = {}
+    assert suite_gates(find_suite(workspace.suites, "smoke"), text_only, extra) == ("strict",)
+    assert "near_tie is impossible" in str(extra["gates_instead"])
+    extra = {}
+    long = find_suite(workspace.suites, "long_horizon")
+    assert suite_gates(long, no_logprobs, extra) == tuple(s.name for s in long.comparators if s.gate)
+    assert "gates_instead" not in extra
+    assert suite_gates(find_suite(workspace.suites, "smoke"), no_logprobs, {}) == ("near_tie",)

@@ -117,6 +117,18 @@ FAULTS: tuple[Fault, ...] = (
 )
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A loopback server that does not print a client leaving mid-answer (the disconnect probe)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class _State:
     def __init__(self) -> None:
         self.dead = False
@@ -189,8 +201,7 @@ def proxy(upstream: str, fault: Fault) -> Iterator[str]:
         def do_GET(self) -> None:  # noqa: N802
             self._forward("GET")
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
+    server = QuietServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

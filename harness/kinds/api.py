@@ -167,8 +167,10 @@ class ApiKind:
                 cand = observe(ep, probes, ordinary_text(ctx))
                 t["candidate_requests_s"] = time.perf_counter() - t0
                 return Ran(probes, ctx, oracle_obs, cand, controls, oracle_info, oracle_info, ep, t)
-        except (EngineFailed, EngineRefused) as e:
-            return Ran(timings=t, failure=("error", f"the oracle's server: {e}", getattr(e, "log_tail", "")))
+        except EngineFailed as e:
+            return Ran(timings=t, failure=("error", f"the oracle's server: {e}", e.log_tail))
+        except EngineRefused as e:
+            return Ran(timings=t, failure=("error", f"the oracle's server: {e}", ""))
         finally:
             oracle.close()
         runner = prepared.runner

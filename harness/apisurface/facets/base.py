@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from harness.api import Status, Verdict
 from harness.apisurface.reference import Reference
-from harness.apisurface.settings import ApiSettings
 from harness.apisurface.views import View, view
 from harness.engines.openai.transport import Exchange
 from harness.registry import Registry
+
+if TYPE_CHECKING:  # types only: the settings validate facet names against FACETS
+    from harness.apisurface.settings import ApiSettings
 
 FACET_HEADER = "X-Harness-Facet"
 """Every request names its facet in this header (servers ignore it; the planted-fault proxy reads it)."""

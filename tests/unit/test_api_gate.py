@@ -154,3 +154,14 @@ def test_the_committed_goldens_name_the_digest_the_template_left_alone() -> None
     for model in ("tiny-llama", "tiny-qwen3"):
         manifest = json.loads((REPO_ROOT / "goldens" / model / "smoke" / "manifest.json").read_text())
         assert manifest["model"]["digest"] == content_digest(REPO_ROOT / "models" / model)
+
+
+def test_the_committed_record_of_the_pinned_server_passes_with_every_control_biting() -> None:
+    records = sorted((REPO_ROOT / "reports" / "records" / MODEL / "api").glob("*_vllm-server_*.json"))
+    assert records, "no committed record of make api MODEL=tiny-qwen3"
+    rec = json.loads(records[-1].read_text())
+    assert rec["kind"] == "api" and rec["outcome"] == "pass" and not rec["harness"]["dirty"]
+    assert len(rec["controls"]) == len(FAULTS) and all(c["ok"] for c in rec["controls"])
+    judged = {v["comparator"] for v in rec["verdicts"] if v["status"] == "pass"}
+    assert judged == {comparator(f) for f in FACETS.names()}
+    assert rec["extra"]["api"]["template"]["source"] == TEMPLATE_FILE

@@ -49,7 +49,7 @@ def _drop_last_delta(req: Json, payloads: list[str]) -> list[str]:
         ch = (ev.get("choices") or [{}])[0] if ev.get("choices") else {}
         piece = (ch.get("delta") or {}).get("content") if "delta" in ch else ch.get("text")
         if piece:
-            return payloads[:i] + payloads[i + 1:]
+            return payloads[:i] + payloads[i + 1 :]
     return payloads
 
 
@@ -92,8 +92,10 @@ def _reorder_keys(req: Json, reply: Json) -> Json:
 def _drop_sampled(req: Json, reply: Json) -> Json:
     lp = _choice0(reply).get("logprobs") or {}
     if isinstance(lp.get("top_logprobs"), list):
-        lp["top_logprobs"] = [{k: v for k, v in (top or {}).items() if k != tok}
-                              for tok, top in zip(lp.get("tokens") or [], lp["top_logprobs"], strict=False)]
+        lp["top_logprobs"] = [
+            {k: v for k, v in (top or {}).items() if k != tok}
+            for tok, top in zip(lp.get("tokens") or [], lp["top_logprobs"], strict=False)
+        ]
     for pos in lp.get("content") or []:
         pos["top_logprobs"] = [t for t in pos.get("top_logprobs") or [] if t.get("token") != pos.get("token")]
     return reply
@@ -104,7 +106,9 @@ def _no_generation_prompt(req: Json) -> Json:
 
 
 FAULTS: tuple[Fault, ...] = (
-    Fault("template rendered without the generation prompt", "template", "fail", request=_no_generation_prompt),
+    Fault(
+        "template rendered without the generation prompt", "template", "fail", request=_no_generation_prompt
+    ),
     Fault("a stream missing its last delta", "streaming", "fail", stream=_drop_last_delta),
     Fault("a stop string cut one character late", "stop", "fail", reply=_stop_late),
     Fault("a text one character short of its ids' decode", "detokenization", "fail", reply=_short_text),
@@ -112,8 +116,12 @@ FAULTS: tuple[Fault, ...] = (
     Fault("a tool call with an argument changed", "tools", "fail", reply=_change_argument),
     Fault("a tool call with its argument keys reordered", "tools", "pass", reply=_reorder_keys),
     Fault("top_logprobs without the sampled token", "logprobs", "fail", reply=_drop_sampled),
-    Fault("a server that dies on an empty prompt", "robustness", "fail",
-          dies_on=lambda req: req.get("prompt") == ""),
+    Fault(
+        "a server that dies on an empty prompt",
+        "robustness",
+        "fail",
+        dies_on=lambda req: req.get("prompt") == "",
+    ),
 )
 
 

@@ -52,12 +52,20 @@ class Reference:
     def template(self) -> TemplateFacts:
         return template_facts(self.folder, self.tokenizer)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-               generation_prompt: bool = True) -> list[int]:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        generation_prompt: bool = True,
+    ) -> list[int]:
         """``apply_chat_template(..., add_generation_prompt=generation_prompt)`` as token ids."""
         out = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tools=[dict(t) for t in tools] if tools else None,
-            add_generation_prompt=generation_prompt, tokenize=True, return_dict=False)
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            add_generation_prompt=generation_prompt,
+            tokenize=True,
+            return_dict=False,
+        )
         if isinstance(out, Mapping):  # some releases return a BatchEncoding
             out = out["input_ids"]
         return [int(t) for t in out]
@@ -86,5 +94,5 @@ class Reference:
         ids = torch.tensor([list(prompt) + list(continuation)])
         with torch.no_grad():
             logits = self._model(ids).logits[0].float()
-        rows = torch.log_softmax(logits, dim=-1)[len(prompt) - 1: len(prompt) - 1 + len(continuation)]
+        rows = torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : len(prompt) - 1 + len(continuation)]
         return [r.tolist() for r in rows]

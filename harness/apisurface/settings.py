@@ -9,8 +9,15 @@ from typing import Any
 from harness.suites import Suite, SuiteError
 from harness.tomlcheck import Where, check_keys, need_int, need_list, need_number, need_str, need_table
 
-KEYS = ("facets", "max_tokens", "stream_texts", "tool_call_parser", "sampled_top_k", "sampled_top_p",
-        "sampled_seed")
+KEYS = (
+    "facets",
+    "max_tokens",
+    "stream_texts",
+    "tool_call_parser",
+    "sampled_top_k",
+    "sampled_top_p",
+    "sampled_seed",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +36,15 @@ class ApiSettings:
     sampled_seed: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"facets": list(self.facets), "max_tokens": self.max_tokens,
-                "stream_texts": list(self.stream_texts), "tool_call_parser": self.tool_call_parser,
-                "sampled_top_k": self.sampled_top_k, "sampled_top_p": self.sampled_top_p,
-                "sampled_seed": self.sampled_seed}
+        return {
+            "facets": list(self.facets),
+            "max_tokens": self.max_tokens,
+            "stream_texts": list(self.stream_texts),
+            "tool_call_parser": self.tool_call_parser,
+            "sampled_top_k": self.sampled_top_k,
+            "sampled_top_p": self.sampled_top_p,
+            "sampled_seed": self.sampled_seed,
+        }
 
 
 def api_settings(suite: Suite) -> ApiSettings:

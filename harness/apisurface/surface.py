@@ -19,7 +19,9 @@ from harness.records import Control
 
 def base_probes(texts: Mapping[str, str], max_tokens: int) -> list[Probe]:
     """The plain greedy completion of every case (the stop facet plans from the oracle's)."""
-    return [Probe(f"base/{cid}", "base", "/completions", completion(t, max_tokens)) for cid, t in texts.items()]
+    return [
+        Probe(f"base/{cid}", "base", "/completions", completion(t, max_tokens)) for cid, t in texts.items()
+    ]
 
 
 def with_base(ctx: Context, base: Observed) -> Context:
@@ -42,8 +44,14 @@ def ordinary_text(ctx: Context) -> str:
     return next(iter(ctx.texts.values()))
 
 
-def control(ctx: Context, probes: Sequence[Probe], oracle: Observed, upstream: Endpoint, fault: Fault,
-            progress: Callable[[str], None] | None = None) -> Control:
+def control(
+    ctx: Context,
+    probes: Sequence[Probe],
+    oracle: Observed,
+    upstream: Endpoint,
+    fault: Fault,
+    progress: Callable[[str], None] | None = None,
+) -> Control:
     """Replay every probe through the proxy planting ``fault``: its facet must answer as expected
     (fail, or pass for a positive control) and every other facet must pass."""
     with proxy(upstream.base_url, fault) as url:
@@ -55,7 +63,7 @@ def control(ctx: Context, probes: Sequence[Probe], oracle: Observed, upstream: E
     others = sorted({v.comparator for v in verdicts if v.comparator != target and v.status == "fail"})
     bit = bool(fails) if fault.expect == "fail" else not fails and bool(mine)
     ok = bit and not others
-    got_words = (f"fail {len(fails)}/{len(mine)}" if fails else f"pass {len(mine)}/{len(mine)}")
+    got_words = f"fail {len(fails)}/{len(mine)}" if fails else f"pass {len(mine)}/{len(mine)}"
     if others:
         got_words += f"; also failed: {', '.join(others)}"
     note = fails[0].case_id + ": " + fails[0].summary if fails else ""

@@ -49,10 +49,16 @@ class View:
         return self.status == 200 and not self.error
 
     def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "error": self.error, "text": self.text,
-                "token_ids": list(self.token_ids) if self.token_ids is not None else None,
-                "finish": self.finish, "usage": dict(self.usage),
-                "tool_calls": [dict(t) for t in self.tool_calls], "choices": self.choices}
+        return {
+            "status": self.status,
+            "error": self.error,
+            "text": self.text,
+            "token_ids": list(self.token_ids) if self.token_ids is not None else None,
+            "finish": self.finish,
+            "usage": dict(self.usage),
+            "tool_calls": [dict(t) for t in self.tool_calls],
+            "choices": self.choices,
+        }
 
 
 def error_text(ex: Exchange) -> str:
@@ -83,8 +89,10 @@ def _positions(lp: Any) -> list[Position]:
     toks = lp.get("tokens") or []
     chosen = lp.get("token_logprobs") or [None] * len(toks)
     tops = lp.get("top_logprobs") or [None] * len(toks)
-    return [Position(str(t), c, tuple((str(k), float(v)) for k, v in (top or {}).items()))
-            for t, c, top in zip(toks, chosen, tops, strict=False)]
+    return [
+        Position(str(t), c, tuple((str(k), float(v)) for k, v in (top or {}).items()))
+        for t, c, top in zip(toks, chosen, tops, strict=False)
+    ]
 
 
 def _tool_calls(msg: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -109,10 +117,17 @@ def view(ex: Exchange) -> View:
     msg = ch.get("message") if isinstance(ch.get("message"), Mapping) else None
     text = msg.get("content") if msg is not None else ch.get("text")
     prompt = _ids(body.get("prompt_token_ids")) or _ids(ch.get("prompt_token_ids"))
-    return View(ex.status, text=text, token_ids=_ids(ch.get("token_ids")), prompt_ids=prompt,
-                finish=ch.get("finish_reason"), usage=dict(body.get("usage") or {}),
-                tool_calls=tuple(_tool_calls(msg or {})), logprobs=tuple(_positions(ch.get("logprobs"))),
-                choices=len(body["choices"]))
+    return View(
+        ex.status,
+        text=text,
+        token_ids=_ids(ch.get("token_ids")),
+        prompt_ids=prompt,
+        finish=ch.get("finish_reason"),
+        usage=dict(body.get("usage") or {}),
+        tool_calls=tuple(_tool_calls(msg or {})),
+        logprobs=tuple(_positions(ch.get("logprobs"))),
+        choices=len(body["choices"]),
+    )
 
 
 def _stream(ex: Exchange) -> View:
@@ -150,10 +165,20 @@ def _stream(ex: Exchange) -> View:
             if ch.get("finish_reason"):
                 finish = ch["finish_reason"]
     error = ex.error or ("" if ex.done else "the stream ended without data: [DONE]")
-    return View(ex.status, error=error, text="".join(deltas), token_ids=tuple(ids) if ids is not None else None,
-                prompt_ids=prompt, finish=finish, usage=usage,
-                tool_calls=tuple(calls[i] for i in sorted(calls)), logprobs=tuple(positions),
-                deltas=tuple(deltas), choices=len(indices), streamed=True)
+    return View(
+        ex.status,
+        error=error,
+        text="".join(deltas),
+        token_ids=tuple(ids) if ids is not None else None,
+        prompt_ids=prompt,
+        finish=finish,
+        usage=usage,
+        tool_calls=tuple(calls[i] for i in sorted(calls)),
+        logprobs=tuple(positions),
+        deltas=tuple(deltas),
+        choices=len(indices),
+        streamed=True,
+    )
 
 
 def token_id(token: str) -> int | None:

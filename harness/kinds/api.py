@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.abilities import Endpoint, ServesOpenAI
+from harness.api import EngineFailed, EngineInfo, EngineRefused, Runner, Verdict, failure_verdicts
 from harness.apisurface.facets import FACETS, Context, Probe, comparator
 from harness.apisurface.facets.logprobs import table
 from harness.apisurface.observe import observe
@@ -30,7 +31,6 @@ from harness.apisurface.proxy import FAULTS
 from harness.apisurface.reference import Reference
 from harness.apisurface.settings import ApiSettings, api_settings
 from harness.apisurface.surface import base_probes, control, judge, ordinary_text, plan, with_base
-from harness.api import EngineFailed, EngineInfo, EngineRefused, Runner, Verdict, failure_verdicts
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.engines.openai.transport import Exchange
 from harness.excerpt import first_line
@@ -120,19 +120,24 @@ class ApiKind:
         if any(not t for t in texts.values()):
             from harness.suites import SuiteError
 
-            raise SuiteError(f"{req.suite.path}: every case of an API suite needs a 'text' (it is sent as "
-                             "a prompt and a chat message)")
+            raise SuiteError(
+                f"{req.suite.path}: every case of an API suite needs a 'text' (it is sent as "
+                "a prompt and a chat message)"
+            )
         ctx = Context(settings, texts, reference, {}, req.model.limits.max_len)
         if is_pinned(req.candidate):
             return Prepared(settings, ctx, None)
         runner = None
         try:
-            runner = req.runner or configure(make_runner(req.candidate, req.model,
-                                                         RunnerContext(run_dir=ws.runs, name=req.candidate)),
-                                             settings)
+            runner = req.runner or configure(
+                make_runner(req.candidate, req.model, RunnerContext(run_dir=ws.runs, name=req.candidate)),
+                settings,
+            )
             if not isinstance(runner, ServesOpenAI):
-                raise EngineRefused(f"{req.candidate}: this engine answers no OpenAI API (its runner has no "
-                                    f"ServesOpenAI ability); engines that do: {', '.join(API_ENGINES)}")
+                raise EngineRefused(
+                    f"{req.candidate}: this engine answers no OpenAI API (its runner has no "
+                    f"ServesOpenAI ability); engines that do: {', '.join(API_ENGINES)}"
+                )
         except EngineRefused as e:
             return Prepared(settings, ctx, runner, ("refused", str(e)))
         return Prepared(settings, ctx, runner)
@@ -142,8 +147,9 @@ class ApiKind:
             return Ran()
         t: dict[str, float] = {}
         ws.runs.mkdir(parents=True, exist_ok=True)
-        oracle = configure(make_runner(PINNED, req.model, RunnerContext(run_dir=ws.runs, name="oracle")),
-                           prepared.settings)
+        oracle = configure(
+            make_runner(PINNED, req.model, RunnerContext(run_dir=ws.runs, name="oracle")), prepared.settings
+        )
         assert isinstance(oracle, ServesOpenAI)
         try:
             t0 = time.perf_counter()
@@ -152,14 +158,19 @@ class ApiKind:
             ep = oracle.endpoint()
             ctx = prepared.ctx
             t0 = time.perf_counter()
-            ctx = with_base(ctx, observe(ep, base_probes(ctx.texts, ctx.settings.max_tokens), ordinary_text(ctx)))
+            ctx = with_base(
+                ctx, observe(ep, base_probes(ctx.texts, ctx.settings.max_tokens), ordinary_text(ctx))
+            )
             probes = tuple(plan(ctx))
             _say(req, f"oracle: {len(probes)} probes over {len(ctx.settings.facets)} facets")
             oracle_obs = observe(ep, probes, ordinary_text(ctx))
             t["oracle_requests_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            controls = tuple(control(ctx, probes, oracle_obs, ep, f, lambda s: _say(req, s))
-                             for f in FAULTS if f.facet in ctx.settings.facets)
+            controls = tuple(
+                control(ctx, probes, oracle_obs, ep, f, lambda s: _say(req, s))
+                for f in FAULTS
+                if f.facet in ctx.settings.facets
+            )
             t["controls_s"] = time.perf_counter() - t0
             oracle_info = oracle.info()
             if prepared.runner is None:  # the pinned server judged against itself: the same start
@@ -182,14 +193,28 @@ class ApiKind:
             cep = runner.endpoint()
             cctx = ctx if cep.managed else _unmanaged(ctx)
             t0 = time.perf_counter()
-            cand = observe(cep, [p for p in probes if cep.managed or p.facet != "robustness"], ordinary_text(ctx))
+            cand = observe(
+                cep, [p for p in probes if cep.managed or p.facet != "robustness"], ordinary_text(ctx)
+            )
             t["candidate_requests_s"] = time.perf_counter() - t0
             return Ran(probes, cctx, oracle_obs, cand, controls, oracle_info, runner.info(), cep, t)
         except EngineRefused as e:
-            return Ran(probes, ctx, oracle_obs, {}, controls, oracle_info, None, None, t, ("refused", str(e), ""))
+            return Ran(
+                probes, ctx, oracle_obs, {}, controls, oracle_info, None, None, t, ("refused", str(e), "")
+            )
         except EngineFailed as e:
-            return Ran(probes, ctx, oracle_obs, {}, controls, oracle_info, None, None, t,
-                       ("error", str(e), e.log_tail))
+            return Ran(
+                probes,
+                ctx,
+                oracle_obs,
+                {},
+                controls,
+                oracle_info,
+                None,
+                None,
+                t,
+                ("error", str(e), e.log_tail),
+            )
         finally:
             runner.close()
 
@@ -198,39 +223,64 @@ class ApiKind:
         names = [comparator(f) for f in facets]
         ref = prepared.ctx.reference
         template = ref.template.to_json()
-        reference = {"role": "oracle", "spec": PINNED, "engine": "vllm",
-                     "version": ran.oracle_info.version if ran.oracle_info else "unknown",
-                     "settings": dict(ran.oracle_info.settings) if ran.oracle_info else {},
-                     "template": template}
+        reference = {
+            "role": "oracle",
+            "spec": PINNED,
+            "engine": "vllm",
+            "version": ran.oracle_info.version if ran.oracle_info else "unknown",
+            "settings": dict(ran.oracle_info.settings) if ran.oracle_info else {},
+            "template": template,
+        }
         failure = prepared.failure or (ran.failure[:2] if ran.failure else None)
         if failure is not None or ran.ctx is None:
             status, reason = failure or ("error", "nothing ran")
             info = _info(prepared.runner, req.candidate)
             vs = failure_verdicts(names, ["all"], status, reason, ran.failure[2] if ran.failure else "")  # type: ignore[arg-type]
-            return Judgement(req.candidate, info, tuple(vs), tuple(names), ran.controls,
-                             f"{req.suite.name}: {req.candidate} {status}: {first_line(reason)}",
-                             timings=ran.timings, reference=reference,
-                             extra={"engine_refused": reason} if status == "refused" else {})
+            return Judgement(
+                req.candidate,
+                info,
+                tuple(vs),
+                tuple(names),
+                ran.controls,
+                f"{req.suite.name}: {req.candidate} {status}: {first_line(reason)}",
+                timings=ran.timings,
+                reference=reference,
+                extra={"engine_refused": reason} if status == "refused" else {},
+            )
         ctx = ran.ctx
         verdicts = judge(ctx, ran.probes, ran.oracle, ran.candidate)
         contracts = {}
         if "logprobs" in facets:
-            contracts = {"oracle": dict(table(ref, ran.oracle, ctx.settings)),
-                         "candidate": dict(table(ref, ran.candidate, ctx.settings))}
+            contracts = {
+                "oracle": dict(table(ref, ran.oracle, ctx.settings)),
+                "candidate": dict(table(ref, ran.candidate, ctx.settings)),
+            }
         info = ran.info or _info(prepared.runner, req.candidate)
-        extra: dict[str, Any] = {"api": {
-            "settings": ctx.settings.to_json(),
-            "template": template,
-            "endpoint": {"managed": ran.endpoint.managed, "model": ran.endpoint.model} if ran.endpoint else {},
-            "rules": {f: FACETS.get(f).rule for f in facets},
-            "logprob_contract": contracts,
-            "evidence": _evidence(verdicts),
-            "findings": [f"{v.case_id}: {v.summary}" for v in verdicts if v.status == "fail"],
-            "probes": [p.to_json() for p in ran.probes],
-        }}
-        return Judgement(req.candidate, info, tuple(verdicts), tuple(names), ran.controls,
-                         _summary(req.suite.name, verdicts, ran.controls), timings=ran.timings,
-                         extra=extra, reference=reference)
+        extra: dict[str, Any] = {
+            "api": {
+                "settings": ctx.settings.to_json(),
+                "template": template,
+                "endpoint": {"managed": ran.endpoint.managed, "model": ran.endpoint.model}
+                if ran.endpoint
+                else {},
+                "rules": {f: FACETS.get(f).rule for f in facets},
+                "logprob_contract": contracts,
+                "evidence": _evidence(verdicts),
+                "findings": [f"{v.case_id}: {v.summary}" for v in verdicts if v.status == "fail"],
+                "probes": [p.to_json() for p in ran.probes],
+            }
+        }
+        return Judgement(
+            req.candidate,
+            info,
+            tuple(verdicts),
+            tuple(names),
+            ran.controls,
+            _summary(req.suite.name, verdicts, ran.controls),
+            timings=ran.timings,
+            extra=extra,
+            reference=reference,
+        )
 
 
 def _unmanaged(ctx: Context) -> Context:
@@ -266,5 +316,8 @@ def _summary(suite: str, verdicts: list[Verdict], controls: tuple[Control, ...])
     return f"{suite}: " + ", ".join(parts) + f"; controls {bit}/{len(controls)} as expected"
 
 
-register_kind(ApiKind(), help="the OpenAI API surface against the pinned vLLM server: templates, streaming, "
-                              "stop, detokenization, structured output, tools, logprobs, robustness")
+register_kind(
+    ApiKind(),
+    help="the OpenAI API surface against the pinned vLLM server: templates, streaming, "
+    "stop, detokenization, structured output, tools, logprobs, robustness",
+)

@@ -12,8 +12,12 @@ import pytest
 from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace
 
-pytestmark = [pytest.mark.skipif(os.environ.get("HARNESS_API_TEST") != "1",
-                                 reason="opt-in: HARNESS_API_TEST=1 (one vLLM server start, 2-3 min)")]
+pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("HARNESS_API_TEST") != "1",
+        reason="opt-in: HARNESS_API_TEST=1 (one vLLM server start, 2-3 min)",
+    )
+]
 
 
 def test_the_pinned_server_against_itself(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -22,4 +26,6 @@ def test_the_pinned_server_against_itself(tmp_path) -> None:  # type: ignore[no-
     rec = got.record
     assert rec.outcome == "pass", rec.summary
     assert rec.controls and all(c.ok for c in rec.controls), [c for c in rec.controls if not c.ok]
-    assert {v.comparator for v in rec.verdicts} == {f"api.{f}" for f in rec.extra["api"]["settings"]["facets"]}
+    assert {v.comparator for v in rec.verdicts} == {
+        f"api.{f}" for f in rec.extra["api"]["settings"]["facets"]
+    }

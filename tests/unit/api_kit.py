@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from harness.apisurface.facets import Context
 from harness.apisurface.reference import Reference
 from harness.apisurface.settings import api_settings
@@ -15,5 +13,10 @@ SUITE = "api_smoke"
 
 def context(model: str = "tiny-qwen3", max_len: int = 4096) -> Context:
     suite = find_suite(REPO_ROOT / "suites", SUITE)
-    return Context(api_settings(suite), {c.id: c.text or "" for c in suite.cases},
-                   Reference(REPO_ROOT / "models" / model), {}, max_len)
+    return Context(
+        api_settings(suite),
+        {c.id: c.text or "" for c in suite.cases},
+        Reference(REPO_ROOT / "models" / model),
+        {},
+        max_len,
+    )

@@ -52,7 +52,9 @@ def _server(handle: Any) -> Any:
 
         def do_POST(self) -> None:  # noqa: N802
             n = int(self.headers.get("Content-Length") or 0)
-            status, ctype, body = handle("POST", self.path, self.rfile.read(n) if n else b"", dict(self.headers))
+            status, ctype, body = handle(
+                "POST", self.path, self.rfile.read(n) if n else b"", dict(self.headers)
+            )
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -80,7 +82,11 @@ def serve(answers: Mapping[str, Mapping[str, Any]]) -> Iterator[str]:
         seen.append(k)
         got = answers.get(k)
         if got is None:
-            return 404, "application/json", json.dumps({"error": {"message": f"not recorded: {k[:200]}"}}).encode()
+            return (
+                404,
+                "application/json",
+                json.dumps({"error": {"message": f"not recorded: {k[:200]}"}}).encode(),
+            )
         return int(got["status"]), str(got["type"]), str(got["body"]).encode()
 
     server = QuietServer(("127.0.0.1", 0), _server(handle))
@@ -136,7 +142,9 @@ def record(model_name: str) -> Path:
         ep = runner.endpoint()  # type: ignore[attr-defined]
         with recorder(ep.base_url, answers) as url:
             rec = replace(ep, base_url=url)
-            ctx = with_base(ctx, observe(rec, base_probes(ctx.texts, ctx.settings.max_tokens), ordinary_text(ctx)))
+            ctx = with_base(
+                ctx, observe(rec, base_probes(ctx.texts, ctx.settings.max_tokens), ordinary_text(ctx))
+            )
             probes = plan(ctx)
             oracle = observe(rec, probes, ordinary_text(ctx))
             for f in FAULTS:

@@ -86,7 +86,9 @@ def test_robustness_is_not_sent_to_a_server_the_user_runs() -> None:
 
 
 def test_openai_spec_probe_option_and_endpoint() -> None:
-    assert parse_openai_spec("openai:http://127.0.0.1:9/v1,probe=yes", "http://127.0.0.1:9/v1,probe=yes").probe
+    assert parse_openai_spec(
+        "openai:http://127.0.0.1:9/v1,probe=yes", "http://127.0.0.1:9/v1,probe=yes"
+    ).probe
     assert not parse_openai_spec("openai:http://h:9", "http://h:9").probe
     with pytest.raises(Exception, match="probe"):
         parse_openai_spec("openai:http://h:9,probe=maybe", "http://h:9,probe=maybe")
@@ -104,12 +106,19 @@ def test_servers_the_harness_starts_declare_the_ability() -> None:
 
 
 def test_stream_view_joins_deltas_and_flags_a_missing_done() -> None:
-    ev = [{"choices": [{"index": 0, "text": "ab", "token_ids": [1]}]},
-          {"choices": [{"index": 0, "text": "c", "token_ids": [2], "finish_reason": "stop"}]},
-          {"choices": [], "usage": {"completion_tokens": 2}}]
+    ev = [
+        {"choices": [{"index": 0, "text": "ab", "token_ids": [1]}]},
+        {"choices": [{"index": 0, "text": "c", "token_ids": [2], "finish_reason": "stop"}]},
+        {"choices": [], "usage": {"completion_tokens": 2}},
+    ]
     v = view(Exchange(200, events=tuple(ev), done=True))
-    assert (v.text, v.token_ids, v.finish, v.deltas, v.usage["completion_tokens"]) == ("abc", (1, 2), "stop",
-                                                                                      ("ab", "c"), 2)
+    assert (v.text, v.token_ids, v.finish, v.deltas, v.usage["completion_tokens"]) == (
+        "abc",
+        (1, 2),
+        "stop",
+        ("ab", "c"),
+        2,
+    )
     assert "[DONE]" in view(Exchange(200, events=tuple(ev))).error
 
 
@@ -119,8 +128,11 @@ def test_api_suite_table_errors_name_the_file_and_key(tmp_path: Path) -> None:
     bad.write_text(src.replace('"robustness"]', '"robustness", "templates"]'))
     with pytest.raises(SuiteError, match=r"api_smoke.toml.*facets.*templates"):
         api_settings(load_suite(bad))
-    bad.write_text(src.replace('facets = ["template", ', 'facets = ["robustness", "template", ')
-                   .replace('"robustness"]', '"stop"]'))
+    bad.write_text(
+        src.replace('facets = ["template", ', 'facets = ["robustness", "template", ').replace(
+            '"robustness"]', '"stop"]'
+        )
+    )
     with pytest.raises(SuiteError, match="robustness.*last"):
         api_settings(load_suite(bad))
 
@@ -137,9 +149,13 @@ def test_the_chat_template_file_is_read_and_stays_out_of_the_digest(model: str, 
     assert ctx.reference.template.source == TEMPLATE_FILE
     ids = ctx.reference.render([{"role": "user", "content": "Hi"}])
     assert ctx.reference.decode(ids, skip_special_tokens=False).endswith(
-        ctx.reference.decode(ctx.reference.render([{"role": "user", "content": "Hi"}], generation_prompt=True)
-                             [len(ctx.reference.render([{"role": "user", "content": "Hi"}],
-                                                       generation_prompt=False)):], skip_special_tokens=False))
+        ctx.reference.decode(
+            ctx.reference.render([{"role": "user", "content": "Hi"}], generation_prompt=True)[
+                len(ctx.reference.render([{"role": "user", "content": "Hi"}], generation_prompt=False)) :
+            ],
+            skip_special_tokens=False,
+        )
+    )
     assert len(ids) > len(ctx.reference.render([{"role": "user", "content": "Hi"}], generation_prompt=False))
     copy = tmp_path / model
     shutil.copytree(folder, copy)

@@ -2,14 +2,14 @@
 sends them (robustness last: its requests may kill the server)."""
 
 from harness.apisurface.facets import (  # noqa: F401 - each module registers its facet
-    template,
-    streaming,
-    stop,
     detokenization,
-    structured,
-    tools,
     logprobs,
     robustness,
+    stop,
+    streaming,
+    structured,
+    template,
+    tools,
 )
 from harness.apisurface.facets.base import FACETS, Context, Facet, Observed, Probe, comparator
 

@@ -42,11 +42,16 @@ class Probe:
     """What the facet needs to judge it (the reference ids, the stop string, the schema)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "path": self.path, "stream": self.stream,
-                "body": dict(self.body) if self.body is not None else None,
-                "raw": self.raw.decode(errors="replace") if self.raw is not None else None,
-                "drop_after": self.drop_after, "then_ordinary": self.then_ordinary,
-                "meta": json.loads(json.dumps(self.meta, default=str))}
+        return {
+            "id": self.id,
+            "path": self.path,
+            "stream": self.stream,
+            "body": dict(self.body) if self.body is not None else None,
+            "raw": self.raw.decode(errors="replace") if self.raw is not None else None,
+            "drop_after": self.drop_after,
+            "then_ordinary": self.then_ordinary,
+            "meta": json.loads(json.dumps(self.meta, default=str)),
+        }
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,8 +84,9 @@ class Facet(Protocol):
 
     def probes(self, ctx: Context) -> list[Probe]: ...
 
-    def judge(self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
-              ) -> list[Verdict]:
+    def judge(
+        self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
+    ) -> list[Verdict]:
         """One verdict per probe (or group of probes): the candidate against the oracle and the
         reference. Never raises for a bad reply: that is a failing verdict naming it."""
         ...
@@ -94,8 +100,9 @@ def comparator(key: str) -> str:
     return f"api.{key}"
 
 
-def verdict(facet: str, case: str, ok: bool | Status, summary: str, detail: str = "",
-            **evidence: Any) -> Verdict:
+def verdict(
+    facet: str, case: str, ok: bool | Status, summary: str, detail: str = "", **evidence: Any
+) -> Verdict:
     status: Status = ("pass" if ok else "fail") if isinstance(ok, bool) else ok
     return Verdict(case, comparator(facet), status, summary, detail, evidence)
 
@@ -107,14 +114,24 @@ def seen(obs: Observed, pid: str) -> View:
 
 def completion(prompt: str | Sequence[int], max_tokens: int, **fields: Any) -> dict[str, Any]:
     """A greedy ``/v1/completions`` body asking for token ids back."""
-    return {"prompt": prompt if isinstance(prompt, str) else list(prompt), "max_tokens": max_tokens,
-            "temperature": 0.0, "return_token_ids": True, **fields}
+    return {
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "return_token_ids": True,
+        **fields,
+    }
 
 
 def chat(messages: Sequence[Mapping[str, Any]], max_tokens: int, **fields: Any) -> dict[str, Any]:
     """A greedy ``/v1/chat/completions`` body asking for token ids back."""
-    return {"messages": [dict(m) for m in messages], "max_tokens": max_tokens, "temperature": 0.0,
-            "return_token_ids": True, **fields}
+    return {
+        "messages": [dict(m) for m in messages],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "return_token_ids": True,
+        **fields,
+    }
 
 
 def same_generation(o: View, c: View) -> tuple[bool, str]:

@@ -50,7 +50,9 @@ def kind(ref: Reference, v: View, top_k: int | None, top_p: float | None) -> tup
         if pos.logprob is None:
             return "unknown", {"why": "a position without its logprob"}
         dev_raw = max(dev_raw, abs(pos.logprob - row[tok]))
-        dev_renorm = max(dev_renorm, abs(pos.logprob - (row[tok] - _logsumexp([row[i] for i in kept(row, top_k, top_p)]))))
+        dev_renorm = max(
+            dev_renorm, abs(pos.logprob - (row[tok] - _logsumexp([row[i] for i in kept(row, top_k, top_p)])))
+        )
     facts = {"max_dev_raw": dev_raw, "max_dev_renormalized": dev_renorm, "positions": len(rows)}
     if dev_raw <= TOL and dev_renorm <= TOL:
         return "raw", {**facts, "note": "the cut kept (almost) all the mass: raw and renormalized agree"}
@@ -79,8 +81,12 @@ def contract(ref: Reference, obs: Observed, settings: Any) -> dict[str, Any]:
     """The conformance table of one server (field -> value) and its evidence (``_evidence``)."""
     out: dict[str, Any] = {}
     ev: dict[str, Any] = {}
-    out["kind_top_k"], ev["kind_top_k"] = kind(ref, seen(obs, "logprobs/sampled-top-k"), settings.sampled_top_k, None)
-    out["kind_top_p"], ev["kind_top_p"] = kind(ref, seen(obs, "logprobs/sampled-top-p"), None, settings.sampled_top_p)
+    out["kind_top_k"], ev["kind_top_k"] = kind(
+        ref, seen(obs, "logprobs/sampled-top-k"), settings.sampled_top_k, None
+    )
+    out["kind_top_p"], ev["kind_top_p"] = kind(
+        ref, seen(obs, "logprobs/sampled-top-p"), None, settings.sampled_top_p
+    )
     inside, counts, order, ties = [], set(), set(), set()
     for pid in ("logprobs/greedy", "logprobs/sampled-top-k", "logprobs/sampled-top-p", "logprobs/chat"):
         v = seen(obs, pid)
@@ -94,12 +100,17 @@ def contract(ref: Reference, obs: Observed, settings: Any) -> dict[str, Any]:
             for (ta, la), (tb, lb) in zip(pos.top, pos.top[1:], strict=False):
                 if la == lb:
                     ia, ib = token_id(ta), token_id(tb)
-                    ties.add("unknown ids" if ia is None or ib is None else ("ascending id" if ia < ib else
-                                                                             "descending id"))
-    out["sampled_in_top"] = ("unknown" if not inside else "always" if all(inside) else
-                             "never" if not any(inside) else "sometimes")
-    out["top_count"] = "unknown" if not counts else ", ".join(
-        f"k{d:+d}" if d else "k" for d in sorted(counts))
+                    ties.add(
+                        "unknown ids"
+                        if ia is None or ib is None
+                        else ("ascending id" if ia < ib else "descending id")
+                    )
+    out["sampled_in_top"] = (
+        "unknown" if not inside else "always" if all(inside) else "never" if not any(inside) else "sometimes"
+    )
+    out["top_count"] = (
+        "unknown" if not counts else ", ".join(f"k{d:+d}" if d else "k" for d in sorted(counts))
+    )
     out["order"] = "unknown" if not order else ", ".join(sorted(order))
     out["ties"] = "no tie seen" if not ties else ", ".join(sorted(ties))
     out["_evidence"] = ev
@@ -110,9 +121,11 @@ def contract(ref: Reference, obs: Observed, settings: Any) -> dict[str, Any]:
 class Logprobs:
     key: ClassVar[str] = "logprobs"
     title: ClassVar[str] = "Logprob contract: raw or renormalized, sampled token in top_logprobs, ties"
-    rule: ClassVar[str] = ("each entry of the server's logprob contract (raw or renormalized after "
-                           "top-k/top-p, sampled token inside top_logprobs, count, order, ties) equals "
-                           "the oracle's")
+    rule: ClassVar[str] = (
+        "each entry of the server's logprob contract (raw or renormalized after "
+        "top-k/top-p, sampled token inside top_logprobs, count, order, ties) equals "
+        "the oracle's"
+    )
 
     def probes(self, ctx: Context) -> list[Probe]:
         s, mt = ctx.settings, ctx.settings.max_tokens
@@ -121,17 +134,35 @@ class Logprobs:
         sampled = {"temperature": 1.0, "seed": s.sampled_seed, **ids}
         return [
             Probe("logprobs/greedy", self.key, "/completions", completion(first, mt, **ids)),
-            Probe("logprobs/sampled-top-k", self.key, "/completions",
-                  completion(first, mt, **{**sampled, "top_k": s.sampled_top_k})),
-            Probe("logprobs/sampled-top-p", self.key, "/completions",
-                  completion(first, mt, **{**sampled, "top_p": s.sampled_top_p})),
-            Probe("logprobs/chat", self.key, "/chat/completions",
-                  chat([{"role": "user", "content": first}], mt, logprobs=True, top_logprobs=K,
-                       return_tokens_as_token_ids=True)),
+            Probe(
+                "logprobs/sampled-top-k",
+                self.key,
+                "/completions",
+                completion(first, mt, **{**sampled, "top_k": s.sampled_top_k}),
+            ),
+            Probe(
+                "logprobs/sampled-top-p",
+                self.key,
+                "/completions",
+                completion(first, mt, **{**sampled, "top_p": s.sampled_top_p}),
+            ),
+            Probe(
+                "logprobs/chat",
+                self.key,
+                "/chat/completions",
+                chat(
+                    [{"role": "user", "content": first}],
+                    mt,
+                    logprobs=True,
+                    top_logprobs=K,
+                    return_tokens_as_token_ids=True,
+                ),
+            ),
         ]
 
-    def judge(self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
-              ) -> list[Verdict]:
+    def judge(
+        self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
+    ) -> list[Verdict]:
         o, c = contract(ctx.reference, oracle, ctx.settings), contract(ctx.reference, candidate, ctx.settings)
         out = []
         for f in FIELDS:
@@ -140,8 +171,17 @@ class Logprobs:
             if c[f] == "unknown" and o[f] == "unknown":
                 out.append(verdict(self.key, f"logprobs/{f}", "skip", words + ": neither side shows it"))
                 continue
-            out.append(verdict(self.key, f"logprobs/{f}", ok, words, candidate=c[f], oracle=o[f],
-                               **({"measured": c["_evidence"].get(f)} if f in c["_evidence"] else {})))
+            out.append(
+                verdict(
+                    self.key,
+                    f"logprobs/{f}",
+                    ok,
+                    words,
+                    candidate=c[f],
+                    oracle=o[f],
+                    **({"measured": c["_evidence"].get(f)} if f in c["_evidence"] else {}),
+                )
+            )
         return out
 
 

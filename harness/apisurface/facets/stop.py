@@ -9,8 +9,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import (FACETS, Context, Observed, Probe, completion, same_generation,
-                                            seen, verdict)
+from harness.apisurface.facets.base import (
+    FACETS,
+    Context,
+    Observed,
+    Probe,
+    completion,
+    same_generation,
+    seen,
+    verdict,
+)
 from harness.apisurface.reference import Reference
 from harness.apisurface.views import View
 
@@ -26,7 +34,7 @@ def boundary_stop(ref: Reference, base: View) -> tuple[str, int] | None:
         b = len(head)
         if "\ufffd" in head or not text.startswith(head) or b < 1 or b + 1 > len(text):
             continue
-        s = text[b - 1: b + 1]
+        s = text[b - 1 : b + 1]
         if s.isprintable() and s.strip() == s and "\ufffd" not in s and text.find(s) == b - 1:
             return s, b - 1
     return None
@@ -36,9 +44,11 @@ def boundary_stop(ref: Reference, base: View) -> tuple[str, int] | None:
 class Stop:
     key: ClassVar[str] = "stop"
     title: ClassVar[str] = "Stop strings, stop_token_ids, min_tokens, max_tokens end where the oracle's end"
-    rule: ClassVar[str] = ("with a stop string spanning two tokens (include_stop_str_in_output both ways), "
-                           "stop_token_ids, min_tokens and max_tokens the text ends exactly where the "
-                           "oracle's ends, with the same finish_reason")
+    rule: ClassVar[str] = (
+        "with a stop string spanning two tokens (include_stop_str_in_output both ways), "
+        "stop_token_ids, min_tokens and max_tokens the text ends exactly where the "
+        "oracle's ends, with the same finish_reason"
+    )
 
     def probes(self, ctx: Context) -> list[Probe]:
         mt = ctx.settings.max_tokens
@@ -49,31 +59,61 @@ class Stop:
             if found is not None:
                 s, at = found
                 assert base is not None and base.text is not None
-                out.append(Probe(f"stop/{cid}/string", self.key, "/completions",
-                                 completion(text, mt, stop=[s]), meta={"stop": s, "expect": base.text[:at]}))
-                out.append(Probe(f"stop/{cid}/string-kept", self.key, "/completions",
-                                 completion(text, mt, stop=[s], include_stop_str_in_output=True),
-                                 meta={"stop": s, "expect": base.text[: at + 2]}))
+                out.append(
+                    Probe(
+                        f"stop/{cid}/string",
+                        self.key,
+                        "/completions",
+                        completion(text, mt, stop=[s]),
+                        meta={"stop": s, "expect": base.text[:at]},
+                    )
+                )
+                out.append(
+                    Probe(
+                        f"stop/{cid}/string-kept",
+                        self.key,
+                        "/completions",
+                        completion(text, mt, stop=[s], include_stop_str_in_output=True),
+                        meta={"stop": s, "expect": base.text[: at + 2]},
+                    )
+                )
             ids = base.token_ids if base is not None and base.ok else None
             if ids and len(ids) > 3:
                 t = next((ids[i] for i in range(2, len(ids)) if ids[i] not in ids[:i]), None)
                 if t is not None:
-                    out.append(Probe(f"stop/{cid}/token", self.key, "/completions",
-                                     completion(text, mt, stop_token_ids=[t])))
-                    out.append(Probe(f"stop/{cid}/min-tokens", self.key, "/completions",
-                                     completion(text, mt, stop_token_ids=[ids[1]], min_tokens=3)))
+                    out.append(
+                        Probe(
+                            f"stop/{cid}/token",
+                            self.key,
+                            "/completions",
+                            completion(text, mt, stop_token_ids=[t]),
+                        )
+                    )
+                    out.append(
+                        Probe(
+                            f"stop/{cid}/min-tokens",
+                            self.key,
+                            "/completions",
+                            completion(text, mt, stop_token_ids=[ids[1]], min_tokens=3),
+                        )
+                    )
             out.append(Probe(f"stop/{cid}/max-tokens", self.key, "/completions", completion(text, 3)))
         return out
 
-    def judge(self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
-              ) -> list[Verdict]:
+    def judge(
+        self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
+    ) -> list[Verdict]:
         out = []
         for p in probes:
             o, c = seen(oracle, p.id), seen(candidate, p.id)
             ok, words = same_generation(o, c)
             expect = p.meta.get("expect")
-            facts = {"stop": p.meta.get("stop"), "oracle_text": o.text, "candidate_text": c.text,
-                     "finish": c.finish}
+            facts = {
+                "stop": p.meta.get("stop"),
+                "oracle_text": o.text,
+                "candidate_text": c.text,
+                "finish": c.finish,
+            }
             if ok:
                 words = f"ends where the oracle's ends ({len(c.text or '')} chars, finish {c.finish})"
                 if expect is not None and (c.text or "") != expect:

@@ -17,8 +17,10 @@ REPLACEMENT = "\ufffd"
 
 def pair(pid: str, path: str, body: dict[str, Any], meta: dict[str, Any] | None = None) -> list[Probe]:
     stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    return [Probe(f"{pid}/whole", "streaming", path, body, meta=meta or {}),
-            Probe(f"{pid}/stream", "streaming", path, stream, stream=True, meta=meta or {})]
+    return [
+        Probe(f"{pid}/whole", "streaming", path, body, meta=meta or {}),
+        Probe(f"{pid}/stream", "streaming", path, stream, stream=True, meta=meta or {}),
+    ]
 
 
 def consistent(whole: View, streamed: View, forced: str | None) -> tuple[bool, str]:
@@ -28,16 +30,23 @@ def consistent(whole: View, streamed: View, forced: str | None) -> tuple[bool, s
         return False, f"the stream failed: {streamed.error}"
     joined = streamed.text or ""
     if joined != (whole.text or ""):
-        return False, (f"deltas join to {joined!r}, the whole answer is {whole.text!r} "
-                       f"({len(streamed.deltas)} deltas)")
-    if whole.token_ids is not None and streamed.token_ids is not None and whole.token_ids != streamed.token_ids:
+        return False, (
+            f"deltas join to {joined!r}, the whole answer is {whole.text!r} ({len(streamed.deltas)} deltas)"
+        )
+    if (
+        whole.token_ids is not None
+        and streamed.token_ids is not None
+        and whole.token_ids != streamed.token_ids
+    ):
         return False, f"stream tokens {list(streamed.token_ids)} != {list(whole.token_ids)}"
     if whole.finish != streamed.finish:
         return False, f"finish_reason: streamed {streamed.finish!r}, whole {whole.finish!r}"
     for k in ("prompt_tokens", "completion_tokens"):
         if whole.usage.get(k) != streamed.usage.get(k):
             return False, f"usage.{k}: streamed {streamed.usage.get(k)!r}, whole {whole.usage.get(k)!r}"
-    split = [d for d in streamed.deltas if REPLACEMENT in d and (forced is not None or REPLACEMENT not in joined)]
+    split = [
+        d for d in streamed.deltas if REPLACEMENT in d and (forced is not None or REPLACEMENT not in joined)
+    ]
     if split:
         return False, f"a delta splits a UTF-8 character: {split[0]!r}"
     if forced is not None and joined != forced:
@@ -49,8 +58,10 @@ def consistent(whole: View, streamed: View, forced: str | None) -> tuple[bool, s
 class Streaming:
     key: ClassVar[str] = "streaming"
     title: ClassVar[str] = "Streaming: SSE deltas join to the whole answer, no split UTF-8 character"
-    rule: ClassVar[str] = ("streamed deltas concatenate to the same request's non-streamed text, with "
-                           "the same tokens, finish_reason and usage; no delta splits a UTF-8 character")
+    rule: ClassVar[str] = (
+        "streamed deltas concatenate to the same request's non-streamed text, with "
+        "the same tokens, finish_reason and usage; no delta splits a UTF-8 character"
+    )
 
     def probes(self, ctx: Context) -> list[Probe]:
         mt = ctx.settings.max_tokens
@@ -64,14 +75,17 @@ class Streaming:
             out += pair(f"streaming/utf8-{i}", "/completions", body, {"forced": s})
         return out
 
-    def judge(self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
-              ) -> list[Verdict]:
+    def judge(
+        self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
+    ) -> list[Verdict]:
         out = []
         for p in probes:
             if not p.id.endswith("/whole"):
                 continue
             pid = p.id.rpartition("/")[0]
-            ok, words = consistent(seen(candidate, p.id), seen(candidate, pid + "/stream"), p.meta.get("forced"))
+            ok, words = consistent(
+                seen(candidate, p.id), seen(candidate, pid + "/stream"), p.meta.get("forced")
+            )
             out.append(verdict(self.key, pid, ok, words))
         return out
 

@@ -17,10 +17,16 @@ from harness.apisurface.facets.template import no_free_whitespace
 from harness.apisurface.reference import Reference
 from harness.apisurface.views import View, first_difference
 
-SCHEMA: dict[str, Any] = {"type": "object", "properties": {
-    "color": {"type": "string", "enum": ["red", "green", "blue"]},
-    "size": {"type": "integer", "enum": [1, 2, 3]},
-    "ok": {"type": "boolean"}}, "required": ["color", "size", "ok"], "additionalProperties": False}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "color": {"type": "string", "enum": ["red", "green", "blue"]},
+        "size": {"type": "integer", "enum": [1, 2, 3]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "size", "ok"],
+    "additionalProperties": False,
+}
 REGEX = "[a-z]{2,5}-[0-9]{2}"
 CHOICES = ["alpha", "beta", "gamma delta"]
 
@@ -58,8 +64,10 @@ def token_words(ref: Reference, ids: Sequence[int] | None, i: int) -> str:
 class Structured:
     key: ClassVar[str] = "structured"
     title: ClassVar[str] = "Structured output: json_schema, regex, choice, json_object valid and oracle-equal"
-    rule: ClassVar[str] = ("every constrained output is valid (jsonschema, re.fullmatch, the choices) and "
-                           "its greedy tokens equal the oracle's")
+    rule: ClassVar[str] = (
+        "every constrained output is valid (jsonschema, re.fullmatch, the choices) and "
+        "its greedy tokens equal the oracle's"
+    )
 
     def probes(self, ctx: Context) -> list[Probe]:
         first = next(iter(ctx.texts.values()))
@@ -67,19 +75,39 @@ class Structured:
         schema = {"type": "json_schema", "json_schema": {"name": "pick", "schema": SCHEMA}}
         bias = no_free_whitespace(ctx.reference)
         return [
-            Probe("structured/json_schema", self.key, "/chat/completions",
-                  chat(user, 48, response_format=schema, logit_bias=bias), meta={"kind": "json_schema"}),
-            Probe("structured/json_object", self.key, "/chat/completions",
-                  chat(user, 32, response_format={"type": "json_object"}, logit_bias=bias),
-                  meta={"kind": "json_object"}),
-            Probe("structured/regex", self.key, "/completions",
-                  completion(first, 16, structured_outputs={"regex": REGEX}), meta={"kind": "regex"}),
-            Probe("structured/choice", self.key, "/completions",
-                  completion(first, 16, structured_outputs={"choice": CHOICES}), meta={"kind": "choice"}),
+            Probe(
+                "structured/json_schema",
+                self.key,
+                "/chat/completions",
+                chat(user, 48, response_format=schema, logit_bias=bias),
+                meta={"kind": "json_schema"},
+            ),
+            Probe(
+                "structured/json_object",
+                self.key,
+                "/chat/completions",
+                chat(user, 32, response_format={"type": "json_object"}, logit_bias=bias),
+                meta={"kind": "json_object"},
+            ),
+            Probe(
+                "structured/regex",
+                self.key,
+                "/completions",
+                completion(first, 16, structured_outputs={"regex": REGEX}),
+                meta={"kind": "regex"},
+            ),
+            Probe(
+                "structured/choice",
+                self.key,
+                "/completions",
+                completion(first, 16, structured_outputs={"choice": CHOICES}),
+                meta={"kind": "choice"},
+            ),
         ]
 
-    def judge(self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
-              ) -> list[Verdict]:
+    def judge(
+        self, ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed
+    ) -> list[Verdict]:
         return [self._one(ctx.reference, p, seen(oracle, p.id), seen(candidate, p.id)) for p in probes]
 
     def _one(self, ref: Reference, p: Probe, o: View, c: View) -> Verdict:
@@ -93,13 +121,23 @@ class Structured:
         if o.token_ids is not None and c.token_ids is not None:
             i = first_difference(o.token_ids, c.token_ids)
             if i is not None:
-                return verdict(self.key, p.id, False,
-                               f"{kind}: constrained tokens differ at {i}: oracle {token_words(ref, o.token_ids, i)}"
-                               f", candidate {token_words(ref, c.token_ids, i)}", **facts)
+                return verdict(
+                    self.key,
+                    p.id,
+                    False,
+                    f"{kind}: constrained tokens differ at {i}: oracle {token_words(ref, o.token_ids, i)}"
+                    f", candidate {token_words(ref, c.token_ids, i)}",
+                    **facts,
+                )
         elif (o.text or "") != (c.text or ""):
             return verdict(self.key, p.id, False, f"{kind}: text {c.text!r} != oracle {o.text!r}", **facts)
-        return verdict(self.key, p.id, True, f"{kind}: {why}; equal to the oracle's "
-                       f"{len(c.token_ids or ())} tokens", **facts)
+        return verdict(
+            self.key,
+            p.id,
+            True,
+            f"{kind}: {why}; equal to the oracle's {len(c.token_ids or ())} tokens",
+            **facts,
+        )
 
 
 FACETS.register(Structured.key, help=Structured.title)(Structured())

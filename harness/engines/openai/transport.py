@@ -186,7 +186,8 @@ class Transport:
         conn = self._connect()
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         try:
-            conn.request(method, self.prefix + path, body=data, headers={**self._headers(), **(headers or {})})
+            conn.request(method, self.prefix + path, body=data,
+                         headers={**self._headers(), **(headers or {})})
             resp = conn.getresponse()
             if not stream or resp.status >= 400:
                 raw = resp.read().decode(errors="replace")

@@ -67,7 +67,8 @@ class Robustness:
             return []
         first = next(iter(ctx.texts.values()))
         ids = ctx.reference.encode(first)
-        over = (ids * (ctx.max_len // max(1, len(ids)) + 2))[: ctx.max_len + 16]
+        # as text: a server that refuses token-id prompts must still meet a prompt over its context
+        over = " ".join([first] * (ctx.max_len // max(1, len(ids)) + 2))
         c = self.key
         return [
             Probe("robustness/empty-prompt", c, "/completions", completion("", 4), then_ordinary=True),
@@ -78,7 +79,7 @@ class Robustness:
                 "/completions",
                 completion(over, 4),
                 then_ordinary=True,
-                meta={"prompt_tokens": len(over)},
+                meta={"prompt_tokens": len(ctx.reference.encode(over))},
             ),
             Probe(
                 "robustness/max-tokens-0",

@@ -24,13 +24,15 @@ def pair(pid: str, path: str, body: dict[str, Any], meta: dict[str, Any] | None 
 
 
 def consistent(whole: View, streamed: View, forced: str | None) -> tuple[bool, str]:
+    """(ok, every difference in words, or what joined)."""
     if not whole.ok:
         return False, f"the request not streamed got no answer: {whole.error}"
     if not streamed.ok:
         return False, f"the stream failed: {streamed.error}"
     joined = streamed.text or ""
+    bad = []
     if joined != (whole.text or ""):
-        return False, (
+        bad.append(
             f"deltas join to {joined!r}, the whole answer is {whole.text!r} ({len(streamed.deltas)} deltas)"
         )
     if (
@@ -38,19 +40,21 @@ def consistent(whole: View, streamed: View, forced: str | None) -> tuple[bool, s
         and streamed.token_ids is not None
         and whole.token_ids != streamed.token_ids
     ):
-        return False, f"stream tokens {list(streamed.token_ids)} != {list(whole.token_ids)}"
+        bad.append(f"stream tokens {list(streamed.token_ids)} != {list(whole.token_ids)}")
     if whole.finish != streamed.finish:
-        return False, f"finish_reason: streamed {streamed.finish!r}, whole {whole.finish!r}"
+        bad.append(f"finish_reason: streamed {streamed.finish!r}, whole {whole.finish!r}")
     for k in ("prompt_tokens", "completion_tokens"):
         if whole.usage.get(k) != streamed.usage.get(k):
-            return False, f"usage.{k}: streamed {streamed.usage.get(k)!r}, whole {whole.usage.get(k)!r}"
+            bad.append(f"usage.{k}: streamed {streamed.usage.get(k)!r}, whole {whole.usage.get(k)!r}")
     split = [
         d for d in streamed.deltas if REPLACEMENT in d and (forced is not None or REPLACEMENT not in joined)
     ]
     if split:
-        return False, f"a delta splits a UTF-8 character: {split[0]!r}"
+        bad.append(f"a delta splits a UTF-8 character: {split[0]!r}")
     if forced is not None and joined != forced:
-        return False, f"the forced string {forced!r} came back as {joined!r}"
+        bad.append(f"the forced string {forced!r} came back as {joined!r}")
+    if bad:
+        return False, "; ".join(bad)
     return True, f"{len(streamed.deltas)} deltas join to the whole answer ({len(joined)} chars)"
 
 

@@ -16,6 +16,7 @@ the logprob contract of both servers as a table; every request and reply kept be
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -177,7 +178,8 @@ class ApiKind:
                 t0 = time.perf_counter()
                 cand = observe(ep, probes, ordinary_text(ctx))
                 t["candidate_requests_s"] = time.perf_counter() - t0
-                return Ran(probes, ctx, oracle_obs, cand, controls, oracle_info, oracle_info, ep, t)
+                info = dataclasses.replace(oracle_info, name=req.candidate)  # the same server, as candidate
+                return Ran(probes, ctx, oracle_obs, cand, controls, oracle_info, info, ep, t)
         except EngineFailed as e:
             return Ran(timings=t, failure=("error", f"the oracle's server: {e}", e.log_tail))
         except EngineRefused as e:

@@ -177,6 +177,7 @@ def test_the_committed_record_of_the_pinned_server_passes_with_every_control_bit
     assert records, "no committed record of make api MODEL=tiny-qwen3"
     rec = json.loads(records[-1].read_text())
     assert rec["kind"] == "api" and rec["outcome"] == "pass" and not rec["harness"]["dirty"]
+    assert rec["candidate"]["name"] == "vllm-server", "the pinned server judged against itself is the candidate"
     assert len(rec["controls"]) == len(FAULTS) and all(c["ok"] for c in rec["controls"])
     judged = {v["comparator"] for v in rec["verdicts"] if v["status"] == "pass"}
     assert judged == {comparator(f) for f in FACETS.names()}

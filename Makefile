@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin sampling
+.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin sampling api
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -35,6 +35,7 @@ help:
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
 	@echo "make invariance MODEL=tiny-llama [ENGINE=vllm] [VARIANTS=batch,rl]  configurations that must not change one token"
 	@echo "make sampling MODEL=smollm2-135m [CANDIDATE=\"vllm hf llamacpp\"]  sampler parity with stated power"
+	@echo "make api MODEL=tiny-qwen3 [CANDIDATE=llamacpp]  the OpenAI API surface against vLLM's server"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make venv [INSTALLER=pip]                                 the project's venv (uv, pip where uv cannot); stamp .venv/.installed"
 	@echo "make test                                                 the project's tests, both tiers (what CI runs)"
@@ -146,6 +147,13 @@ sampling: venv
 	$(BIN)/harness sampling --model '$(MODEL)' \
 		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),sampling)' \
 		$(foreach c,$(CANDIDATE),--candidate '$(c)')
+
+# The OpenAI API surface against the pinned vLLM's own server (docs/api.md). CANDIDATE: one spec
+# (default: the pinned vllm-server against itself; vllm-server@0.31.0, llamacpp, openai:<url>).
+api: venv
+	$(BIN)/harness gate --model '$(MODEL)' \
+		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),api)' \
+		$(if $(CANDIDATE),--candidate '$(CANDIDATE)')
 
 # The fleet (docs/fleet.md): the plan as CI matrix JSON, and the entries as pytest items.
 plan:

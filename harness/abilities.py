@@ -9,14 +9,15 @@ methods; the pipeline asks ``isinstance(runner, Ability)``, never ``getattr``:
   :class:`TensorAbility`, with the reason where it has none;
 * :class:`SpeedLevels` — replay a workload at several concurrencies in one start;
 * :class:`Sampler` — draw seeded samples with the engine's own sampler (the sampling gate), with
-  what that sampler promises (:class:`SamplerTraits`).
+  what that sampler promises (:class:`SamplerTraits`);
+* :class:`ServesOpenAI` — answer the OpenAI API at an :class:`Endpoint` (the API gate).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -188,4 +189,36 @@ class Sampler(Protocol):
         """Pass name -> request key -> its draws. Per-request failures are ``Samples.error``;
         :class:`~harness.api.EngineRefused` / :class:`~harness.api.EngineFailed` for the whole
         engine."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a started engine answers the OpenAI API (the API gate's candidate)."""
+
+    base_url: str
+    """Ends with ``/v1``."""
+    model: str | None
+    """The served model name (None: the first one ``/v1/models`` lists)."""
+    managed: bool
+    """The harness started this server itself, so requests that might kill it may be sent (the API
+    gate's robustness facet); a server the user runs is probed only where the user says so."""
+    key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key, if the server wants one (never written)."""
+    body: tuple[tuple[str, Any], ...] = ()
+    """Request fields the engine needs on every request (llama.cpp: ``repeat_penalty`` 1.0 to decode
+    greedily)."""
+
+
+@runtime_checkable
+class ServesOpenAI(Protocol):
+    """Optional ability: the engine answers the OpenAI API on a base URL once started (``make api``).
+
+    Every runner that starts a server on loopback (``vllm-server``, ``llamacpp``) or talks to one
+    (``openai:<url>``) declares it; the API gate calls ``start``, reads :meth:`endpoint`, sends its
+    own requests there and ``close`` s the runner. A new managed server is an API candidate as soon
+    as its runner implements this one method."""
+
+    def endpoint(self) -> Endpoint:
+        """The running server's :class:`Endpoint` (``start`` first)."""
         ...

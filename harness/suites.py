@@ -134,10 +134,10 @@ class Suite:
                     f"beyond the model's context of {limits.max_len}")
 
 
-JUDGED_BY_KIND = frozenset({"sampling"})
+JUDGED_BY_KIND = frozenset({"sampling", "api"})
 """Suite kinds that judge with their own table, not per-case comparators: the sampling gate's bars
-and settings are its ``[sampling_gate]`` table, its controls planted samplers (a ``[compare]`` table
-is optional there)."""
+and settings are its ``[sampling_gate]`` table, its controls planted samplers; the API gate's facets are
+its ``[api]`` table, its controls a fault proxy (a ``[compare]`` table is optional there)."""
 
 
 FULL_TOP_K = 20

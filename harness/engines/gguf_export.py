@@ -12,7 +12,10 @@ the engines differ. Llama-architecture checkpoints (``LlamaForCausalLM``) only:
 * tokenizer: copied key by key from the GGUF the model was built from, when there is one (the
   tokenizer then matches the original conversion exactly), else written from ``tokenizer.json``
   (byte-level BPE only). Either way the gate verifies it: prompts are tokenized by the server and
-  compared with the oracle's ids (the ``tokenizer`` verdict).
+  compared with the oracle's ids (the ``tokenizer`` verdict);
+* chat template: ``chat_template.jinja`` beside the tokenizer, as ``tokenizer.chat_template`` (what
+  a conversion writes, and what llama.cpp's server renders chats with); the file name carries its
+  digest, since the model's content digest leaves the template out.
 
 The file is written to a temporary name and renamed, under a lock, and reused while the model's
 digest is the same: ``reports/runs/gguf/<model>-<digest>-<kind>.gguf`` beside a JSON of its facts.
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from harness.files import locked, sha256_file
+from harness.models.digest import TEMPLATE_FILE
 
 KINDS = ("f32", "f16", "q8_0")
 
@@ -80,7 +84,10 @@ def export_gguf(model_dir: Path, kind: str, out_dir: Path, name: str, digest: st
     if kind not in KINDS:
         raise GGUFExportError(f"gguf={kind!r}: the harness writes {', '.join(KINDS)}")
     slug = name.strip("/").replace("/", "--").lstrip(".") or "model"
-    path = out_dir / f"{slug}-{digest[:12]}-{kind}.gguf"
+    template = model_dir / TEMPLATE_FILE
+    # the content digest leaves the chat template out (the token gates never read it): name it here
+    tpl = f"-t{sha256_file(template)[:8]}" if template.is_file() and source is None else ""
+    path = out_dir / f"{slug}-{digest[:12]}{tpl}-{kind}.gguf"
     meta = path.with_suffix(".json")
     with locked(path.with_suffix(".lock")):
         if path.exists() and meta.exists():
@@ -133,6 +140,9 @@ def _write(model_dir: Path, kind: str, out: Path, source: Path | None) -> dict[s
     w.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                      "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[kind])
     tokenizer_from = _tokenizer(w, model_dir, cfg, source)
+    template = model_dir / TEMPLATE_FILE
+    if source is None and template.is_file():  # as a conversion writes tokenizer.chat_template
+        w.add_chat_template(template.read_text())
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layer)
     tensors: dict[str, np.ndarray] = {}

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.abilities import Endpoint
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
@@ -272,6 +273,12 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
         outs = self.client.run(cases, sampling)
         self.timings.update(self.client.timings)
         return outs
+
+    def endpoint(self) -> Endpoint:
+        """The ServesOpenAI ability: the server this runner started (``start`` first)."""
+        assert self.server is not None, "start() first"
+        return Endpoint(self.server.base_url + "/v1", self.model.name, managed=True,
+                        body=tuple(self.body.items()))
 
     def close(self) -> None:
         if self.server is not None:

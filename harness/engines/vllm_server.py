@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.abilities import SamplePass, SamplerTraits, Samples
+from harness.abilities import Endpoint, SamplePass, SamplerTraits, Samples
 from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, coerce, parse_options, split_spec
@@ -143,6 +143,11 @@ class VLLMServerRunner(NoTensors):
         got = self.client.sample(passes)
         self.timings.update(self.client.timings)
         return got
+
+    def endpoint(self) -> Endpoint:
+        """The ServesOpenAI ability: the server this runner started (``start`` first)."""
+        assert self.server is not None, "start() first"
+        return Endpoint(self.server.base_url + "/v1", self.model.name, managed=True)
 
     def _logprobs_mode(self) -> str:
         return str(self.engine_options.get("logprobs_mode", "raw_logprobs"))

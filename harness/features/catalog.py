@@ -120,6 +120,10 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
         from harness.sampling.settings import verdict_names as sampling_verdicts
 
         return sampling_verdicts(raw)
+    if raw.get("kind") == "api":  # one comparator per facet of its [api] table
+        api = raw.get("api")
+        facets = api.get("facets") if isinstance(api, dict) else None
+        return [f"api.{f}" for f in facets] if isinstance(facets, list) else []
     return list(comp) if isinstance(comp, dict) else []
 
 

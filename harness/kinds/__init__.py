@@ -1,12 +1,12 @@
 """Gate kinds, registered by suite kind: ``parity``, ``kv_roundtrip``, ``ab``, ``invariance``,
-``sampling``; and ``localize``, which runs on a parity suite (``run_gate(..., kind="localize")``).
+``sampling``, ``api``; and ``localize``, which runs on a parity suite (``run_gate(..., kind="localize")``).
 
 Each is a prepare -> run -> judge, plus its staleness rule (:class:`~harness.kinds.base.GateKind`);
 the pipeline (:mod:`harness.pipeline`) runs them and builds the one record. A new kind is one module
 that registers itself with :func:`~harness.kinds.base.register_kind` and one import below.
 """
 
-from harness.kinds import ab, invariance, kv_roundtrip, localize, parity, sampling  # noqa: F401 - they register
+from harness.kinds import ab, api, invariance, kv_roundtrip, localize, parity, sampling  # noqa: F401 - they register
 from harness.kinds.base import KINDS, GateKind, GateRequest, Judgement, register_kind
 from harness.kinds.summary import SUMMARIES, is_summary
 from harness.records import Record

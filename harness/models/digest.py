@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-# Files whose bytes define a model's behaviour (weights, config, tokenizer).
+# Files whose bytes define a model's behaviour (weights, config, tokenizer). ``chat_template.jinja``
+# is left out on purpose: the token gates never render a chat, so a template must not move their
+# digests or goldens; the API gate records the template's own digest (TEMPLATE_FILE).
+TEMPLATE_FILE = "chat_template.jinja"
 DIGEST_GLOBS = ("config.json", "generation_config.json", "*.safetensors", "*.bin",
                 "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                 "special_tokens_map.json")

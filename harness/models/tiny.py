@@ -65,6 +65,9 @@ class TinySpec:
     post_norm_scale: float = 1.0
     """Gemma: the scale ``1 + w`` of the norms after the attention and MLP blocks."""
     """Std of learned absolute position embeddings (GPT-2)."""
+    chat_template: str = "chatml"
+    """The family's chat-template style, ``harness/models/templates/<style>.jinja``: written beside the
+    tokenizer as ``chat_template.jinja`` (outside the content digest: the token gates never read it)."""
 
     @property
     def head_dim(self) -> int:
@@ -72,22 +75,25 @@ class TinySpec:
 
 
 SPECS: dict[str, TinySpec] = {s.name: s for s in (
-    TinySpec("tiny-llama", summary="Llama: RMSNorm, SwiGLU, rotary, GQA 2q/1kv"),
-    TinySpec("tiny-qwen3", "qwen3", "Qwen3: Llama + per-head q/k RMSNorm", seed=20261201),
+    TinySpec("tiny-llama", summary="Llama: RMSNorm, SwiGLU, rotary, GQA 2q/1kv", chat_template="llama3"),
+    TinySpec("tiny-qwen3", "qwen3", "Qwen3: Llama + per-head q/k RMSNorm", seed=20261201,
+             chat_template="qwen3"),
     TinySpec("tiny-gemma3", "gemma3", "Gemma-3: 2 sliding-window (64) + 1 full-attention layer, "
              "q/k norm, GeGLU, tied", num_layers=3, seed=20261202,
              layer_types=("sliding_attention", "sliding_attention", "full_attention"), sliding_window=64,
-             lm_head_std=0.3, post_norm_scale=8.0),
+             lm_head_std=0.3, post_norm_scale=8.0, chat_template="gemma"),
     TinySpec("tiny-gpt2", "gpt2", "GPT-2: LayerNorm, GELU MLP, learned positions, MHA, tied",
              num_kv_heads=2, intermediate_size=512, max_position_embeddings=2048, seed=20261203,
              init_std=0.2),
     TinySpec("tiny-qwen3-moe", "qwen3_moe", "Qwen3-MoE: 4 experts, top-2 routing, q/k norm",
-             num_experts=4, experts_per_token=2, moe_intermediate_size=128, seed=20261204),
+             num_experts=4, experts_per_token=2, moe_intermediate_size=128, seed=20261204,
+             chat_template="qwen3"),
 )}
 
 SPECIAL_TOKENS = ("<s>", "</s>", "<unk>")
 BUILD_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "generation_config.json")
+               "special_tokens_map.json", "generation_config.json", "chat_template.jinja")
+TEMPLATES = Path(__file__).parent / "templates"
 
 
 def _train_tokenizer(spec: TinySpec, out: Path) -> None:
@@ -142,6 +148,7 @@ def build(name: str, out: Path) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1}, indent=2, sort_keys=True) + "\n")
+    (out / "chat_template.jinja").write_bytes((TEMPLATES / f"{spec.chat_template}.jinja").read_bytes())
     return out
 
 

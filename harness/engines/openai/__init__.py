@@ -24,6 +24,8 @@ suite, streamed so that time to first token can be measured. Options follow the 
 ``chain``          the sampling gate: the sampler chain the server documents (``vllm``, the
                    default; ``llama.cpp``, ``transformers``)
 ``logprobs_mode``  the sampling gate: which logprobs its draws carry (``raw_logprobs``, the default)
+``probe``          the API gate (``make api``): ``yes`` lets it send requests that might kill the
+                   server (empty prompts, malformed JSON, ...); ``no`` (the default) leaves them out
 =================  ===========================================================================
 
 **Text prompts.** A server that refuses token-id prompts gets each case's text instead, and the

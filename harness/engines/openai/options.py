@@ -44,6 +44,9 @@ class OpenAIOptions:
     the sampling gate judges its draws against."""
     logprobs_mode: str = "raw_logprobs"
     """Which logprobs its draws come with (vLLM's ``--logprobs-mode``; its default is raw)."""
+    probe: bool = False
+    """The API gate may send this server requests that could kill it (``probe=yes``: the user says
+    so; a server the harness starts itself is always probed)."""
 
     def settings(self) -> dict[str, Any]:
         """For the record: everything but the key itself."""
@@ -74,7 +77,7 @@ class OpenAIOptions:
 
 
 OPTION_KEYS = ("c", "model", "key_env", "timeout", "request_timeout", "retries", "breaker", "wait",
-               "stream", "prompts", "chain", "logprobs_mode", "body.<field>")
+               "stream", "prompts", "chain", "logprobs_mode", "probe", "body.<field>")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits", "none")
 
 
@@ -124,6 +127,10 @@ def parse_openai_spec(spec: str, arg: str | None, concurrency: int = 1) -> OpenA
                       "wait": "wait_s"}[key]] = float(value)
             elif key in ("retries", "breaker"):
                 opts[key] = int(value)
+            elif key == "probe":
+                if value.lower() not in ("yes", "no"):
+                    raise ValueError(value)
+                opts["probe"] = value.lower() == "yes"
             elif key == "stream":
                 if value.lower() not in ("true", "false"):
                     raise ValueError(value)

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from harness.abilities import Endpoint
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
 from harness.engines.base import NoTensors
@@ -70,6 +71,12 @@ class OpenAIRunner(NoTensors, OpenAISampling):
 
     def facts(self) -> RunFacts:
         return RunFacts(timings=dict(self.timings), speed=self.speed, capabilities=self.capabilities)
+
+    def endpoint(self) -> Endpoint:
+        """The ServesOpenAI ability: the user's server, probed with requests that might kill it only
+        with ``probe=yes``."""
+        return Endpoint(self.options.base_url, self._served.get("id", self.options.model),
+                        managed=self.options.probe, key_env=self.options.key_env, body=self.options.body)
 
     def start(self) -> None:
         """Wait for ``/v1/models`` (``wait`` seconds), pick the served model, read the version."""

@@ -78,6 +78,30 @@ class Reply:
                 self.ttft_s = time.perf_counter() - t_sent
 
 
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One request and what came back, whatever it was (the API gate judges failures too): never a
+    :class:`Fault`."""
+
+    status: int
+    """HTTP status; 0 when no answer came (refused, dropped, timed out: ``error`` says which)."""
+    body: Any = None
+    """The parsed JSON body of an answer that was not streamed (None: not JSON; ``raw`` has it)."""
+    events: tuple[Any, ...] = ()
+    """The parsed ``data:`` events of a stream, ``[DONE]`` left out."""
+    done: bool = False
+    """The stream ended with ``data: [DONE]``."""
+    raw: str = ""
+    """An excerpt of an answer that was not JSON."""
+    error: str = ""
+    """Why no (whole) answer came."""
+    seconds: float = 0.0
+
+    @property
+    def answered(self) -> bool:
+        return self.status > 0 and not self.error
+
+
 class Transport:
     """Requests to ``options.base_url``; the API key (``key_env``) is sent, never shown."""
 
@@ -149,6 +173,51 @@ class Transport:
                 raise Fault(f"the stream ended after {n} tokens without finishing (server died?)",
                             retryable=True, transport=True)
             return reply
+        finally:
+            conn.close()
+
+    def exchange(self, path: str, body: Mapping[str, Any] | bytes | None, *, stream: bool = False,
+                 headers: Mapping[str, str] | None = None, drop_after: int | None = None,
+                 method: str = "POST") -> Exchange:
+        """One request as given (``body`` bytes: sent as they are, e.g. malformed JSON) and all that
+        came back: an HTTP error is an :class:`Exchange` with its status, not a :class:`Fault`.
+        ``drop_after``: close the connection after that many stream events (a client that leaves)."""
+        t0 = time.perf_counter()
+        conn = self._connect()
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        try:
+            conn.request(method, self.prefix + path, body=data,
+                         headers={**self._headers(), **(headers or {})})
+            resp = conn.getresponse()
+            if not stream or resp.status >= 400:
+                raw = resp.read().decode(errors="replace")
+                try:
+                    parsed = json.loads(raw)
+                    return Exchange(resp.status, parsed, seconds=time.perf_counter() - t0)
+                except json.JSONDecodeError:
+                    return Exchange(resp.status, raw=self.excerpt(raw), seconds=time.perf_counter() - t0)
+            events: list[Any] = []
+            deadline = time.monotonic() + self.options.request_timeout_s
+            for payload in self._events(resp, deadline):
+                if payload == "[DONE]":
+                    return Exchange(resp.status, events=tuple(events), done=True,
+                                    seconds=time.perf_counter() - t0)
+                try:
+                    events.append(json.loads(payload))
+                except json.JSONDecodeError:
+                    return Exchange(resp.status, events=tuple(events), raw=self.excerpt(payload),
+                                    error="malformed JSON in the stream", seconds=time.perf_counter() - t0)
+                if drop_after is not None and len(events) >= drop_after:
+                    return Exchange(resp.status, events=tuple(events), error="dropped by the client",
+                                    seconds=time.perf_counter() - t0)
+            return Exchange(resp.status, events=tuple(events), seconds=time.perf_counter() - t0)
+        except Fault as f:
+            return Exchange(0, error=self.redact(f.describe()), seconds=time.perf_counter() - t0)
+        except TimeoutError:
+            return Exchange(0, error=f"no answer within {self.options.timeout_s:g} s",
+                            seconds=time.perf_counter() - t0)
+        except (OSError, http.client.HTTPException) as e:
+            return Exchange(0, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0)
         finally:
             conn.close()
 

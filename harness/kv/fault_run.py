@@ -49,7 +49,14 @@ from harness.kv.fault_inject import (
     shim_mode,
     store_difference,
 )
-from harness.kv.fault_verdict import COMPARATOR, RowFacts, classify, vacuity_controls, verdict
+from harness.kv.fault_verdict import (
+    RowFacts,
+    classify,
+    comparator,
+    planted_wrong_page,
+    vacuity_controls,
+    verdict,
+)
 from harness.kv.judge import Judge
 from harness.kv.passes import Phase, merge_compat, request, run_phase
 from harness.kv.roundtrip import RoundTrip
@@ -257,6 +264,7 @@ def run_faults(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: Map
 
     verdicts = [verdict(r, BY_NAME[r.fault].how) for r in rows]
     controls += vacuity_controls(verdicts)
+    controls += [planted_wrong_page(r) for r in rows if BY_NAME[r.fault].when == "cycle"]
     for ph in phases:
         timings[f"{ph.name}_engine_start_s"] = ph.timings.get("engine_start_s", float("nan"))
     name = "harness-store" if connector is None else connector.text
@@ -278,7 +286,8 @@ def run_faults(model: ModelRef, suite: Suite, cases: Sequence[Case], golden: Map
     summary = (f"kv-faults ({name}): " + ", ".join(f"{v.case_id} {v.evidence['symbol']}" for v in verdicts)
                + f" — {counts.get('wrong', 0)} served wrong, {counts.get('engine_error', 0)} engine errors, "
                f"{counts.get('vacuous', 0)} vacuous")
-    return RoundTrip(tuple(verdicts), tuple(controls), (COMPARATOR,), summary, info, timings, extra, run_dir)
+    gates = tuple(comparator(n) for n in names)
+    return RoundTrip(tuple(verdicts), tuple(controls), gates, summary, info, timings, extra, run_dir)
 
 
 def consumer_row(name: str, judge: Judge, prod: Phase, cons: Phase, cases: Sequence[Case], target: Case,

@@ -20,7 +20,7 @@ Per (connector, fault, release) one of:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from harness.api import Verdict
@@ -36,6 +36,11 @@ WORDS: Mapping[str, str] = {"wrong": "served wrong bytes", "engine_error": "engi
 STATUS: Mapping[str, str] = {"wrong": "fail", "engine_error": "fail", "refused": "pass",
                              "recomputed": "pass", "intact": "pass", "vacuous": "skip"}
 COMPARATOR = "kv_fault"
+
+
+def comparator(fault: str) -> str:
+    """The verdicts (and controls) of one fault's row: ``kv_fault.<fault>`` (one FEATURES.md row each)."""
+    return f"{COMPARATOR}.{fault}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +99,7 @@ def explain(f: RowFacts, outcome: Outcome) -> str:
 
 def verdict(f: RowFacts, how: str) -> Verdict:
     outcome = classify(f)
-    return Verdict(f.fault, COMPARATOR, STATUS[outcome], explain(f, outcome),  # type: ignore[arg-type]
+    return Verdict(f.fault, comparator(f.fault), STATUS[outcome], explain(f, outcome),  # type: ignore[arg-type]
                    evidence={"outcome": outcome, "symbol": SYMBOL[outcome], "applied": f.applied,
                              "applied_how": f.applied_how, "how": how, "pages_served": f.pages_served,
                              "pages_wrong": f.pages_wrong, "tokens_wrong": list(f.tokens_wrong),
@@ -104,9 +109,16 @@ def verdict(f: RowFacts, how: str) -> Verdict:
 
 def vacuity_controls(verdicts: Sequence[Verdict]) -> list[Control]:
     """A row whose fault never reached the consumer could not have failed: the run is vacuous."""
-    return [Control(COMPARATOR, f"{v.case_id}: the fault reached the consumer", "fail",
+    return [Control(v.comparator, f"{v.case_id}: the fault reached the consumer", "fail",
                     "not applied", False, str(v.evidence.get("applied_how", "")))
             for v in verdicts if v.evidence.get("outcome") == "vacuous"]
+
+
+def planted_wrong_page(f: RowFacts) -> Control:
+    """In memory, over a row's real facts: one more loaded page that differs must make it ❌."""
+    o = classify(replace(f, pages_served=f.pages_served + 1, pages_wrong=f.pages_wrong + 1))
+    return Control(comparator(f.fault), "one loaded page differs from the written one", "fail",
+                   f"{SYMBOL[o]} {WORDS[o]}", o == "wrong" or (o == "vacuous" and not f.applied))
 
 
 def double_controls(rows: Mapping[str, Mapping[str, RowFacts]]) -> list[Control]:
@@ -120,6 +132,6 @@ def double_controls(rows: Mapping[str, Mapping[str, RowFacts]]) -> list[Control]
             o = classify(f)
             ok = (o in ("recomputed", "refused", "intact")) if good else (o in ("wrong", "engine_error"))
             what = ("digest-checking double" if good else "I/O-error-ignoring double") + f" under {name}"
-            out.append(Control(COMPARATOR, what, "pass" if good else "fail",
+            out.append(Control(comparator(name), what, "pass" if good else "fail",
                                f"{SYMBOL[o]} {WORDS[o]}", ok and o != "vacuous", explain(f, o)))
     return out

@@ -214,3 +214,13 @@ def test_fault_table_errors_name_the_key(tmp_path: Path) -> None:
     kv = KVSettings.from_suite(load_suite(Path("suites/kv_faults.toml")))
     assert kv.faults is not None and kv.faults.target == "n_2c_plus_k"
     assert kv.faults.faults == tuple(f.name for f in FAULTS), "default: every fault"
+
+
+def test_the_docs_table_is_the_committed_records() -> None:
+    from harness.kv.fault_table import block, committed
+
+    root = Path("reports/records")
+    assert committed(root), "no kv_faults record is committed"
+    assert block(root) in Path("docs/kv-faults.md").read_text(), (
+        "docs/kv-faults.md's table differs from the committed kv_faults records: "
+        "python -m harness.kv.fault_table rewrites it")

@@ -20,7 +20,9 @@ def _release_key(v: str) -> tuple[int, ...]:
 
 
 def connector_of(rec: Record) -> str:
-    name = rec.candidate.name.partition("/")[2] if rec.candidate.name.startswith("vllm@") else rec.candidate.name
+    name = rec.candidate.name
+    if name.startswith("vllm@"):
+        name = name.partition("/")[2]
     return name.rpartition(":")[2] or name
 
 

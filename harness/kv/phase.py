@@ -12,6 +12,9 @@ Each pass is one ``generate`` call with every request batched; requests carry th
 in ``SamplingParams.extra_args["harness_kv"]`` and may skip reading any cache
 (``skip_reading_prefix_cache``) to produce a reference generation inside the same engine.
 
+A pass with ``"list_files": {"root", "out"}`` writes, after it, every file under ``root`` to
+``out`` (JSON list): which files of a store a pass's requests wrote (:mod:`harness.kv.fault_run`).
+
 A pass with ``"mode": "alone"`` sends its requests one at a time (the reference a load pass is
 judged against). With ``"observe": {"events": "ipc://..."}`` every pass is observed
 (:mod:`harness.kv.observe`: vLLM's counters, peak requests in flight, KV-cache events).
@@ -84,6 +87,12 @@ def main(request_path: str, result_path: str) -> int:
             with observing(llm, events, p["name"], observed):
                 results, seconds = generate(llm, [{"prompt_token_ids": list(r["prompt_ids"])} for r in ran],
                                             params, alone=p.get("mode") == "alone")
+            if (listing := p.get("list_files")) is not None:  # what the pass left in a store folder
+                from pathlib import Path
+
+                from harness.kv.fault_inject import list_files
+
+                Path(listing["out"]).write_text(json.dumps(list_files(Path(listing["root"]))))
             return [{"kind": "case", "pass": p["name"], "case": r["case"], "lane": r.get("lane", "clean"),
                      **output_fields(res, k)} for r, res in zip(ran, results, strict=True)], seconds
 

@@ -31,6 +31,8 @@ class KVSettings:
     tap_extra: Mapping[str, Any] = field(default_factory=dict)
     load: LoadSettings | None = None
     """``[kv.load]``: the round trip under load instead of one request at a time."""
+    faults: FaultSettings | None = None
+    """``[kv.faults]``: the connector under storage faults instead of the round trip."""
 
     @classmethod
     def from_suite(cls, suite: Suite) -> KVSettings:
@@ -57,16 +59,21 @@ class KVSettings:
         if controls is not None and controls not in {c.id for c in suite.cases}:
             raise (where / "controls_case").fail(f"controls_case {controls!r} is not a case of the suite")
         load = need_table(kv, "load", where) if "load" in kv else None
+        faults = (FaultSettings.from_table(need_table(kv, "faults", where), where / "faults", block,
+                                           {c.id for c in suite.cases}) if "faults" in kv else None)
+        if faults is not None and load is not None:
+            raise (where / "faults").fail("[kv.faults] and [kv.load] are two suites: give one")
         return cls(chunk, block, refuse, policy, controls, need_int(kv, "timing_reps", where, 3, lo=1),
                    need_int(kv, "timing_copies", where, 4, lo=1), need_table(kv, "engine", where, {}),
                    need_int(tap, "chunk_size", where / "tap", block, lo=1),
                    need_str(tap, "role", where / "tap", "kv_both"),
                    need_table(tap, "extra_config", where / "tap", {}),
-                   LoadSettings.from_table(load, where / "load", block) if load is not None else None)
+                   LoadSettings.from_table(load, where / "load", block) if load is not None else None,
+                   faults)
 
 
 KV_KEYS = ("chunk_size", "block_size", "refuse_chunk_size", "load_failure_policy", "controls_case",
-           "timing_reps", "timing_copies", "engine", "tap", "load")
+           "timing_reps", "timing_copies", "engine", "tap", "load", "faults")
 """The keys of a suite's ``[kv]`` table."""
 
 
@@ -124,6 +131,56 @@ class LoadSettings:
                 f"{s.max_model_len}: vLLM would refuse to start")
         if s.min_in_flight > s.requests:
             raise (where / "min_in_flight").fail(f"min_in_flight {s.min_in_flight} > requests {s.requests}")
+        return s
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSettings:
+    """``[kv.faults]``: the connector under storage faults (:mod:`harness.kv.fault_run`)."""
+
+    target: str = ""
+    """The case whose stored files each fault damages; the other cases are bystanders."""
+    faults: tuple[str, ...] = ()
+    """Which faults to run (:data:`harness.kv.fault_inject.FAULTS`; default: all)."""
+    rounds: int = 3
+    """Offload -> evict -> onboard rounds of the cycle row."""
+    pool_blocks: int = 8
+    """The cycle consumer's KV pool in blocks: small enough that the engine evicts every round."""
+    max_model_len: int = 192
+    no_space_fraction: float = 0.5
+    """The small filesystem holds the bystanders' files and this fraction of the target's."""
+    timeout_s: int = 420
+    """Seconds one phase may take before it counts as hung."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in
+                ((k, getattr(self, k)) for k in self.__slots__)}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_table(cls, t: Mapping[str, Any], where: Where, block: int, cases: set[str]) -> FaultSettings:
+        from harness.kv.fault_inject import BY_NAME, fault
+
+        check_keys(t, where, cls.__slots__)  # type: ignore[attr-defined]
+        target = need_str(t, "target", where)
+        if target not in cases:
+            raise (where / "target").fail(f"target {target!r} is not a case of the suite")
+        names = tuple(need_list(t, "faults", where, list(BY_NAME), of=str))
+        for n in names:
+            try:
+                fault(n)
+            except ValueError as e:
+                raise (where / "faults").fail(str(e)) from None
+        frac = t.get("no_space_fraction", 0.5)
+        if not isinstance(frac, (int, float)) or not 0.0 < float(frac) < 1.0:
+            raise (where / "no_space_fraction").fail(f"expected a number in (0, 1), got {frac!r}")
+        s = cls(target, names, need_int(t, "rounds", where, 3, lo=2),
+                need_int(t, "pool_blocks", where, 8, lo=2),
+                need_int(t, "max_model_len", where, 192, lo=block), float(frac),
+                need_int(t, "timeout_s", where, 420, lo=30))
+        if s.pool_blocks * block < s.max_model_len + block:
+            raise (where / "pool_blocks").fail(
+                f"pool_blocks {s.pool_blocks} x block {block} cannot hold one request of max_model_len "
+                f"{s.max_model_len}: vLLM would refuse to start")
         return s
 
 

@@ -7,7 +7,8 @@ of its token prefix. Layout under the store root::
     <key[:2]>/<key>/<layer>.json   key, token range, page size, dtype, shape, one digest per page
 
 Both files are written to a temporary name and renamed, ``.json`` last, so a chunk is visible only
-once complete. ``get`` never raises for a bad chunk: it answers per page, with a named problem
+once complete; a write that fails (no space, a read-only folder) removes what it wrote and raises.
+``get`` never raises for a bad chunk: it answers per page, with a named problem
 (``missing``, ``truncated``, ``corrupt``) for each page it cannot vouch for.
 """
 
@@ -59,15 +60,25 @@ class PageStore:
         if pages.ndim != 2 or pages.dtype != np.uint8 or len(digests) != pages.shape[0]:
             raise ValueError(f"put({key}, {layer}): pages must be [P, nbytes] uint8 with P digests")
         d = self.chunk_dir(key)
-        d.mkdir(parents=True, exist_ok=True)
         base = _safe(layer)
         tmp = d / f".{base}.{os.getpid()}.tmp"
-        tmp.write_bytes(np.ascontiguousarray(pages).tobytes())
-        os.replace(tmp, d / f"{base}.kv")
-        info = {**meta, "key": key, "layer": layer, "pages": int(pages.shape[0]),
-                "page_nbytes": int(pages.shape[1]), "digests": list(digests)}
-        tmp.write_text(json.dumps(info, sort_keys=True))
-        os.replace(tmp, d / f"{base}.json")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(np.ascontiguousarray(pages).tobytes())
+            os.replace(tmp, d / f"{base}.kv")
+            info = {**meta, "key": key, "layer": layer, "pages": int(pages.shape[0]),
+                    "page_nbytes": int(pages.shape[1]), "digests": list(digests)}
+            tmp.write_text(json.dumps(info, sort_keys=True))
+            os.replace(tmp, d / f"{base}.json")
+        except OSError:
+            # a store that failed mid-write (no space, read-only, I/O error) leaves no half chunk
+            # behind that a reader could take for whole: the index (.json) is never published
+            for p in (tmp, d / f"{base}.kv"):
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+            raise
         return d / f"{base}.kv"
 
     def meta(self, key: str, layer: str) -> dict[str, Any]:

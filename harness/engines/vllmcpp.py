@@ -92,10 +92,31 @@ def to_bf16(source: Path, dest: Path, log: Path) -> dict[str, Any]:
             (dest / f.name).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         elif f.is_file():
             shutil.copy2(f, dest / f.name)
+    template = source / "chat_template.jinja"
+    facts_extra: dict[str, Any] = {}
+    if template.is_file() and (dest / "tokenizer_config.json").is_file():
+        # vllm.cpp reads a chat template from tokenizer_config.json only; transformers and vLLM read
+        # either place, and the text is the same file's
+        tc = json.loads((dest / "tokenizer_config.json").read_text())
+        tc["chat_template"] = template.read_text()
+        (dest / "tokenizer_config.json").write_text(json.dumps(tc, indent=2, sort_keys=True) + "\n")
+        facts_extra["chat_template"] = "chat_template.jinja copied into tokenizer_config.json"
     log.write_text(f"{n} floating tensors converted to bfloat16\n")
     if n == 0:
         raise EngineRefused(f"vllmcpp: {source.name} has no floating safetensors to convert to BF16")
-    return {"converter": "torch " + torch.__version__, "dtype": "bfloat16", "tensors": n}
+    return {"converter": "torch " + torch.__version__, "dtype": "bfloat16", "tensors": n, **facts_extra}
+
+
+def template_key(model: ModelRef) -> dict[str, str]:
+    """The chat template's digest when the model folder has one: it is copied with the BF16 weights
+    (vllm.cpp's server renders chats with it) but is no part of the model digest, so it keys the
+    conversion itself."""
+    import hashlib
+
+    from harness.models.digest import TEMPLATE_FILE
+
+    path = Path(model.path) / TEMPLATE_FILE
+    return {"chat_template": hashlib.sha256(path.read_bytes()).hexdigest()[:12]} if path.is_file() else {}
 
 
 class VllmCppRunner(NoTensors):
@@ -180,7 +201,8 @@ class VllmCppRunner(NoTensors):
         elif self.dtype == "float32":
             self.weights = Path(self.model.path)
         else:
-            self.weights = ensure_converted_by(cache, "vllmcpp-bf16", self.model, {}, to_bf16)
+            self.weights = ensure_converted_by(cache, "vllmcpp-bf16", self.model, template_key(self.model),
+                                               to_bf16)
         self.timings["weights_ready_s"] = time.perf_counter() - t0
 
     @property

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.abilities import Endpoint
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
@@ -84,11 +85,11 @@ class VllmCppServerRunner(NoTensors):
         self.client: OpenAIRunner | None = None
         self.timings: dict[str, float] = {}
 
-    @property
-    def base_url(self) -> str:
-        """The running server's root (for gates that talk to it directly, the API gate's)."""
+    def endpoint(self) -> Endpoint:
+        """The ServesOpenAI ability (``make api CANDIDATE=vllmcpp-server``): the server this runner
+        started, so the API gate may send it requests that might kill it."""
         assert self.server is not None, "start() first"
-        return self.server.base_url
+        return Endpoint(self.server.base_url + "/v1", self.model.name, managed=True)
 
     def info(self) -> EngineInfo:
         inner = self.engine.info()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,17 +47,17 @@ class ApiSettings:
         }
 
 
-def api_settings(suite: Suite) -> ApiSettings:
-    from harness.apisurface.facets import FACETS
-
+def api_settings(suite: Suite, known: Collection[str]) -> ApiSettings:
+    """The suite's ``[api]`` table; ``known``: the registered facet names (the facets registry sits
+    above this module: its facets read these settings)."""
     top = Where(suite.path, error=SuiteError)
     raw: Mapping[str, Any] = need_table(dict(suite.extra), "api", top)
     w = top / "api"
     check_keys(raw, w, KEYS)
     facets = tuple(need_list(raw, "facets", w, of=str))
     for f in facets:
-        if f not in FACETS:
-            raise (w / "facets").fail(f"unknown facet {f!r}; facets: {', '.join(FACETS.names())}")
+        if f not in known:
+            raise (w / "facets").fail(f"unknown facet {f!r}; facets: {', '.join(known)}")
     if "robustness" in facets and facets[-1] != "robustness":
         raise (w / "facets").fail("put 'robustness' last: its requests may kill the server")
     return ApiSettings(

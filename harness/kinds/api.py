@@ -116,7 +116,7 @@ class ApiKind:
         return why
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
-        settings = api_settings(req.suite)
+        settings = api_settings(req.suite, FACETS.names())
         reference = Reference(Path(req.model.path))
         texts = {c.id: c.text or "" for c in req.suite.cases}
         if any(not t for t in texts.values()):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.apisurface.facets import Context
+from harness.apisurface.facets import FACETS, Context
 from harness.apisurface.reference import Reference
 from harness.apisurface.settings import api_settings
 from harness.suites import find_suite
@@ -14,7 +14,7 @@ SUITE = "api_smoke"
 def context(model: str = "tiny-qwen3", max_len: int = 4096) -> Context:
     suite = find_suite(REPO_ROOT / "suites", SUITE)
     return Context(
-        api_settings(suite),
+        api_settings(suite, FACETS.names()),
         {c.id: c.text or "" for c in suite.cases},
         Reference(REPO_ROOT / "models" / model),
         {},

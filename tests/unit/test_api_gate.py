@@ -127,14 +127,14 @@ def test_api_suite_table_errors_name_the_file_and_key(tmp_path: Path) -> None:
     bad = tmp_path / "api_smoke.toml"
     bad.write_text(src.replace('"robustness"]', '"robustness", "templates"]'))
     with pytest.raises(SuiteError, match=r"api_smoke.toml.*facets.*templates"):
-        api_settings(load_suite(bad))
+        api_settings(load_suite(bad), FACETS.names())
     bad.write_text(
         src.replace('facets = ["template", ', 'facets = ["robustness", "template", ').replace(
             '"robustness"]', '"stop"]'
         )
     )
     with pytest.raises(SuiteError, match="robustness.*last"):
-        api_settings(load_suite(bad))
+        api_settings(load_suite(bad), FACETS.names())
 
 
 def test_every_facet_has_a_control_that_must_fail() -> None:

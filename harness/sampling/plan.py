@@ -326,15 +326,17 @@ def control_site(
             f"no position of any case powers it: on all {n} positions the oracle's path of {s.step} "
             f"tokens is too unlikely under the setting for {gs.max_draws} draws to judge {2 * MIN_JUDGED}"
         )
+    scored.sort(key=lambda x: (-x[0], not x[1]))
     if scored[0][0] <= 0:
         sees = (
             f"; the {chain.name} chain's penalties see only the tokens the engine drew, and the "
             f"setting draws {s.step} before the judged one"
-            if s.param.endswith("penalty") and s.step == 0
+            if s.step == 0
+            and (chain.repetition_sees if s.param == "repetition_penalty" else chain.counts_see) == "output"
+            and s.param.endswith("penalty")
             else ""
         )
         return f"no position of any case powers it: the fault moves nothing at any of {n} positions{sees}"
-    scored.sort(key=lambda x: (-x[0], not x[1]))
     best: tuple[tuple[int, int, float], _Site] | None = None
     for tv, aligned, o, t, refs, alts, path, p_path, moved in scored[:SITE_TRIALS]:
         if tv <= 0 and best is not None:

@@ -259,7 +259,8 @@ def make_plan(
         if e.control and skip is None:
             site = found[s.id]
             assert isinstance(site, _Site)
-            judged, draws, power = control_draws(refs, site.alts, path, p_path, judged, level, gs)
+            c_judged, c_draws, power = control_draws(refs, site.alts, path, p_path, judged, level, gs)
+            judged, draws = max(judged, c_judged), max(draws, c_draws)  # never fewer than the target's
             sites.append(_site_record(s, f"{o.case.id}@{t}/{s.id}", site, power, draws, gs))
         planned = gof.cells_for(refs[-1].probs, judged, gs.min_expected, gs.max_cells, refs[-1].ranked)
         test = Test(f"{o.case.id}@{t}/{s.id}", o.case.id, t, s, prefix, path, tuple(refs),

@@ -52,6 +52,14 @@ class PinnedVLLM(VLLMRunner):
 
     def sample(self, passes: Sequence[SamplePass]) -> dict[str, dict[str, Samples]]:
         settings = {**self.settings, "enable_prefix_caching": True}
+        # no partial prefills: vLLM 0.32 rewinds a seeded request's generator when it discards the
+        # token sampled after a partial prefill (gpu_model_runner: gen.set_offset), which a CPU
+        # torch.Generator refuses ("CPU Generator does not use offset") — a prefix that is not
+        # block-aligned (a control site) leaves up to a block to prefill per draw, and thousands of
+        # draws in one call fill the token budget mid-prefill
+        settings.setdefault("enable_chunked_prefill", False)
+        if not settings["enable_chunked_prefill"]:
+            settings.setdefault("max_num_batched_tokens", max(int(settings.get("max_model_len") or 0), 8192))
         logged = self._mode() in JUDGED
         keys: dict[str, list[str]] = {}
         phase = []

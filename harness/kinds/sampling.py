@@ -182,6 +182,7 @@ class SamplingKind:
                 },
                 **judge.summary(outs, rejected, decode),
                 "planted": {k: v for k, v in facts.items() if k != "false_positive"},
+                "control_sites": [x.to_json() for x in plan.sites],
                 "false_positive": facts.get("false_positive", {}),
                 "skipped_cases": list(plan.skipped),
             }

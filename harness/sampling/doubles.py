@@ -20,8 +20,7 @@ engine's mode. Faults are the reference transform's own code with one step repla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,111 +30,11 @@ from harness.abilities import SamplePass, SamplerTraits, Samples
 from harness.api import Case, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.records import Control
 from harness.sampling import gof
+from harness.sampling.faults import FAULTS, Fault, power_against_fault, references
 from harness.sampling.judge import LOGPROBS, SEED, comparator, failed, statistics, verdicts
-from harness.sampling.plan import Plan, Test
-from harness.sampling.transforms import (
-    Chain,
-    History,
-    Reference,
-    Step,
-    log_softmax,
-    softmax,
-    top_k,
-    top_p,
-    transform,
-)
+from harness.sampling.plan import ControlSite, Plan, Test
+from harness.sampling.transforms import Reference, log_softmax
 
-
-def _top_p_plus_one(
-    x: np.ndarray, s: Sampling, h: History, c: Chain, tol: float
-) -> tuple[np.ndarray, tuple[int, ...]]:
-    y, border = top_p(x, s, h, c, tol)
-    out = np.isfinite(x) & ~np.isfinite(y)
-    if out.any():
-        extra = int(np.flatnonzero(out)[np.argmax(x[out])])
-        y = y.copy()
-        y[extra] = x[extra]
-    return y, border
-
-
-def _top_k_plus_one(
-    x: np.ndarray, s: Sampling, h: History, c: Chain, tol: float
-) -> tuple[np.ndarray, tuple[int, ...]]:
-    return top_k(x, Sampling(1, top_k=s.top_k + 1) if s.top_k > 0 else s, h, c, tol)
-
-
-def _no_temperature(
-    x: np.ndarray, s: Sampling, h: History, c: Chain, tol: float
-) -> tuple[np.ndarray, tuple[int, ...]]:
-    return x, ()
-
-
-def _wrong_sign(
-    x: np.ndarray, s: Sampling, h: History, c: Chain, tol: float
-) -> tuple[np.ndarray, tuple[int, ...]]:
-    from harness.sampling.transforms import penalties
-
-    flipped = Sampling(
-        1,
-        repetition_penalty=1.0 / s.repetition_penalty,
-        presence_penalty=-s.presence_penalty,
-        frequency_penalty=-s.frequency_penalty,
-    )
-    return penalties(x, flipped, h, c, tol)
-
-
-def _min_p_absolute(
-    x: np.ndarray, s: Sampling, h: History, c: Chain, tol: float
-) -> tuple[np.ndarray, tuple[int, ...]]:
-    if s.min_p <= 0:
-        return x, ()
-    p = softmax(x)
-    keep = p >= s.min_p
-    keep[np.argmax(x)] = True  # like every min-p, it keeps at least one token
-    return np.where(keep, x, -np.inf), ()
-
-
-def _temperature_moved(chain: Chain) -> tuple[str, ...]:
-    """The chain's order with temperature on the other side of the truncations: after top-p where
-    the chain tempers first (vLLM, transformers), right after the penalties where it tempers last
-    (llama.cpp)."""
-    rest = [s for s in chain.order if s != "temperature"]
-    first_cut = min(chain.order.index(s) for s in ("top_k", "top_p", "min_p"))
-    if chain.order.index("temperature") < first_cut:
-        return (*rest, "temperature")
-    return (rest[0], "temperature", *rest[1:])
-
-
-@dataclass(frozen=True, slots=True)
-class Fault:
-    name: str
-    params: tuple[str, ...]
-    """The parameters (verdicts ``sampling.<param>``) it must fail."""
-    steps: Mapping[str, Step] | None = None
-    order: Callable[[Chain], tuple[str, ...]] | None = None
-
-    def label(self, chain: Chain) -> str:
-        if self.order is not None and chain.order.index("temperature") > chain.order.index("top_p"):
-            return "temperature applied before top-p instead of after"
-        return self.name
-
-
-FAULTS: tuple[Fault, ...] = (
-    Fault("top-p keeps one token too many", ("top_p",), {"top_p": _top_p_plus_one}),
-    Fault("temperature applied after top-p instead of before", ("order",), order=_temperature_moved),
-    Fault(
-        "penalty with the wrong sign",
-        ("repetition_penalty", "presence_penalty", "frequency_penalty"),
-        {"penalties": _wrong_sign},
-    ),
-    Fault(
-        "min-p relative to the wrong probability (the total, not the most likely token's)",
-        ("min_p",),
-        {"min_p": _min_p_absolute},
-    ),
-    Fault("top-k keeps one token too many", ("top_k",), {"top_k": _top_k_plus_one}),
-    Fault("temperature not applied", ("temperature",), {"temperature": _no_temperature}),
-)
 CORRECT = "correct sampler (draws from the reference)"
 SEED_FAULT = "seed ignored (a fresh generator on every call)"
 LOGPROB_FAULT = "logprobs of the other mode"
@@ -145,21 +44,7 @@ def faulty_references(plan: Plan, t: Test, fault: Fault | None) -> tuple[Referen
     """The distributions a double with ``fault`` draws each step of ``t`` from."""
     if fault is None:
         return t.references
-    out = []
-    for j in range(t.setting.step + 1):
-        hist = History(t.prefix + t.path[:j], t.path[:j])
-        out.append(
-            transform(
-                t.raw[j],
-                t.setting.sampling,
-                hist,
-                plan.chain,
-                tol=plan.gs.boundary_tol,
-                steps=fault.steps,
-                order=fault.order(plan.chain) if fault.order else None,
-            )
-        )
-    return tuple(out)
+    return references(t.raw, t.setting.sampling, t.prefix, t.path, plan.chain, plan.gs.boundary_tol, fault)
 
 
 class Double:
@@ -251,30 +136,33 @@ class Double:
 
 def stated_power(plan: Plan, fault: Fault) -> dict[str, float]:
     """Per parameter ``fault`` breaks: the probability that the gate fails it (see module doc)."""
-    level = plan.level
     miss: dict[str, float] = {}
     for t in plan.tests:
-        if not t.runs or t.setting.param not in fault.params:
-            continue
-        alt = faulty_references(plan, t, fault)
-        p_alt = (
-            float(np.prod([alt[j].probs[t.path[j]] for j in range(t.setting.step)]))
-            if t.setting.step
-            else 1.0
-        )
-        n_eff = min(t.judged, int(t.draws * p_alt))
-        q = t.reference.probs
-        outside = (q <= 0) & ~np.isin(np.arange(q.size), t.reference.borderline)
-        cells = (
-            t.planned
-            if n_eff == t.judged
-            else gof.cells_for(q, n_eff, plan.gs.min_expected, plan.gs.max_cells, t.reference.ranked)
-        )
-        p_test = gof.power_against(cells, q, alt[-1].probs, level, outside)
-        leak0 = float(alt[0].probs[(t.references[0].probs <= 0)].sum()) if t.setting.step else 0.0
-        p_test = max(p_test, 1.0 - (1.0 - leak0) ** t.draws)
-        miss[t.setting.param] = miss.get(t.setting.param, 1.0) * (1.0 - p_test)
+        if t.runs and t.setting.param in fault.params:
+            p_test = test_power(plan, t, fault)
+            miss[t.setting.param] = miss.get(t.setting.param, 1.0) * (1.0 - p_test)
     return {p: 1.0 - m for p, m in miss.items()}
+
+
+def test_power(plan: Plan, t: Test, fault: Fault) -> float:
+    """The probability that test ``t`` fails a sampler with ``fault`` (at the Bonferroni level)."""
+    alt = faulty_references(plan, t, fault)
+    return power_against_fault(
+        t.references, alt, t.path, t.judged, t.draws, plan.level, plan.gs.min_expected, plan.gs.max_cells,
+        t.planned,
+    )
+
+
+def site_note(site: ControlSite, fault: Fault) -> str:
+    """One line on where ``fault`` was planned against a setting, and what it moves there."""
+    if site.test is None or not site.powered:
+        return f"{site.setting}: {site.note}"
+    tv = dict(site.moved).get(fault.name)
+    return (
+        f"{site.test}: moves TV {tv:.3f}, power {site.power:.4f} at {site.draws} draws"
+        if tv is not None
+        else f"{site.test}: power {site.power:.4f} at {site.draws} draws"
+    )
 
 
 def _worst(statuses: Sequence[str]) -> str:
@@ -309,7 +197,12 @@ def controls(plan: Plan, traits: SamplerTraits, decode: Any = None) -> tuple[lis
         power = stated_power(plan, fault)
         got = run(Double(plan, traits, fault))
         label = fault.label(plan.chain)
-        facts[label] = {"stated_power": power, "got": {p: got.get(f"sampling.{p}", "skip") for p in hit}}
+        sites = {p: [x for x in plan.sites if x.param == p] for p in hit}
+        facts[label] = {
+            "stated_power": power,
+            "got": {p: got.get(f"sampling.{p}", "skip") for p in hit},
+            "sites": {p: [x.to_json() for x in sites[p]] for p in hit},
+        }
         for p in hit:
             g = got.get(f"sampling.{p}", "skip")
             out.append(
@@ -319,7 +212,8 @@ def controls(plan: Plan, traits: SamplerTraits, decode: Any = None) -> tuple[lis
                     "fail",
                     g,
                     g == "fail",
-                    f"stated power {power.get(p, 0.0):.4f} at level {plan.level:.3g}",
+                    f"stated power {power.get(p, 0.0):.4f} at level {plan.level:.3g}"
+                    + "".join(f"; {site_note(x, fault)}" for x in sites[p]),
                 )
             )
     seed_got = run(Double(plan, traits, ignore_seed=True)).get(SEED, "skip")

@@ -24,14 +24,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
 from harness.abilities import SamplePass, SampleRequest
 from harness.api import Case, Sampling
-from harness.sampling import gof
+from harness.sampling import faults, gof
 from harness.sampling.settings import GateSettings, Setting
-from harness.sampling.transforms import CHAINS, PARAMETERS, Chain, History, Reference, softmax, transform
+from harness.sampling.transforms import CHAINS, PARAMETERS, Chain, Reference, softmax
 
 SEED_SPACING = 1_000_003
 """Test i draws with seeds ``seed + i * SEED_SPACING + j``: no two tests share a seed."""
@@ -74,6 +75,9 @@ class Test:
     skip: str | None = None
     """Why it is not drawn: the oracle's path is so unlikely under the setting that the capped
     draws would judge fewer than :data:`MIN_JUDGED`."""
+    control: bool = False
+    """Its position was chosen, and its draws sized, for the setting's planted faults
+    (:class:`ControlSite`), not (only) for the target TV."""
 
     @property
     def runs(self) -> bool:
@@ -94,6 +98,42 @@ class Test:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ControlSite:
+    """Where a setting's planted faults are judged: the position of any case where every fault of
+    the setting moves the distribution the most, and the draws that give the weakest of them
+    ``control_power``."""
+
+    setting: str
+    param: str
+    test: str | None
+    """The test (``<case>@<t>/<setting>``) sized for them; None: the setting has no runnable test."""
+    moved: tuple[tuple[str, float], ...]
+    """(fault, the visible TV it moves at that position) for every fault of the setting."""
+    power: float
+    """The power against the weakest fault at that test alone, at the Bonferroni level."""
+    draws: int
+    powered: bool
+    """``power`` reaches ``control_power`` within ``max_draws``."""
+    searched: int
+    """Positions (of every case) the site was chosen among."""
+    note: str = ""
+    """Why no position powers it, when none does."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "setting": self.setting,
+            "param": self.param,
+            "test": self.test,
+            "moved_tv": dict(self.moved),
+            "power": self.power,
+            "draws": self.draws,
+            "powered": self.powered,
+            "positions_searched": self.searched,
+            "note": self.note,
+        }
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Plan:
     gs: GateSettings
@@ -102,6 +142,8 @@ class Plan:
     det: tuple[Test, ...] = ()
     """One test per setting whose first ``repeat_draws`` draws also run in the determinism lanes."""
     skipped: tuple[str, ...] = field(default_factory=tuple)
+    sites: tuple[ControlSite, ...] = ()
+    """Per setting: where its planted faults are tested, what they move there, the power."""
 
     @property
     def level(self) -> float:
@@ -146,12 +188,17 @@ def positions(o: OracleRows, gs: GateSettings) -> list[int]:
 def rows_needed(
     cases: Sequence[Case], greedy: Mapping[str, Sequence[int]], gs: GateSettings
 ) -> dict[str, list[int]]:
-    """Per case: the oracle rows the tests may read (each candidate position and the ``max_step``
-    after it)."""
-    return {
-        c.id: sorted({t + j for t in candidates(c, greedy[c.id], gs) for j in range(gs.max_step + 1)})
-        for c in cases
-    }
+    """Per case: the oracle rows the tests may read — every position of the greedy continuation,
+    since a setting's planted faults may be judged at any of them (:func:`control_site`)."""
+    return {c.id: list(range(len(greedy[c.id]))) for c in cases}
+
+
+@dataclass(eq=False)
+class _Entry:
+    o: OracleRows
+    t: int
+    s: Setting
+    control: bool = False
 
 
 def make_plan(
@@ -160,10 +207,12 @@ def make_plan(
     chain: Chain | str,
     unsupported: Mapping[str, str] | None = None,
 ) -> Plan:
-    """The tests of the gate for an engine following ``chain`` (its references and draws)."""
+    """The tests of the gate for an engine following ``chain`` (its references and draws): the
+    ``positions_per_case`` least decided block-aligned positions of every case for every setting,
+    and per setting the position where its planted faults are judged (:func:`control_site`)."""
     chain = CHAINS.get(chain) if isinstance(chain, str) else chain
     missing = {**dict(chain.unsupported), **dict(unsupported or {})}
-    raw_tests = []
+    entries: list[_Entry] = []
     skipped = []
     for o in oracle:
         pos = positions(o, gs)
@@ -172,37 +221,193 @@ def make_plan(
                 f"{o.case.id}: no position t with len(prompt) + t = 1 (mod {gs.align}) inside "
                 f"its {len(o.greedy)} greedy tokens"
             )
-        for t in pos:
-            for s in gs.settings:
-                raw_tests.append((o, t, s))
+        entries += [_Entry(o, t, s) for t in pos for s in gs.settings]
+    # the sites are chosen at the level of the largest family they can make (a bound: the final
+    # level is that or higher, so the power only grows)
+    bound = gs.alpha / max(1, len(entries) + len(gs.settings))
+    found: dict[str, _Site | str] = {}
+    for s in gs.settings:
+        if _refusal(s, missing) is not None or not faults.of(s.param):
+            continue
+        site = control_site(oracle, s, gs, chain, bound)
+        found[s.id] = site
+        if isinstance(site, str):
+            continue
+        same = next((e for e in entries if e.o is site.o and e.t == site.t and e.s is s), None)
+        if same is not None:
+            same.control = True
+        else:
+            entries.append(_Entry(site.o, site.t, s, True))
     built = []
-    for o, t, s in raw_tests:
+    for e in entries:
+        o, t, s = e.o, e.t, e.s
         prefix = tuple(o.case.prompt_ids) + tuple(o.greedy[:t])
         path = tuple(o.greedy[t : t + s.step])
-        refs, p_path = [], 1.0
-        for j in range(s.step + 1):
-            hist = History(prefix + path[:j], path[:j])
-            refs.append(transform(o.rows[t + j], s.sampling, hist, chain, tol=gs.boundary_tol))
-            if j < s.step:
-                p_path *= float(refs[-1].probs[path[j]])
+        rows = [o.rows[t + j] for j in range(s.step + 1)]
+        refs = faults.references(rows, s.sampling, prefix, path, chain, gs.boundary_tol)
+        p_path = faults.path_probability(refs, path)
         expect = gs.max_draws * p_path - 3.1 * math.sqrt(gs.max_draws * p_path * (1 - p_path))
         skip = None if expect >= MIN_JUDGED else (
             f"the oracle's path {list(path)} has probability {p_path:.2g} under this setting: "
             f"{gs.max_draws} draws would judge fewer than {MIN_JUDGED}")
-        built.append((o, t, s, prefix, path, refs, p_path, _refusal(s, missing), skip))
-    level = gs.alpha / max(1, sum(1 for b in built if b[7] is None and b[8] is None))
-    tests, det, seen = [], [], set()
-    for i, (o, t, s, prefix, path, refs, p_path, refusal, skip) in enumerate(built):
+        built.append((e, prefix, path, refs, rows, p_path, _refusal(s, missing), skip))
+    level = gs.alpha / max(1, sum(1 for b in built if b[6] is None and b[7] is None))
+    tests, det, seen, sites = [], [], set(), []
+    for i, (e, prefix, path, refs, rows, p_path, refusal, skip) in enumerate(built):
+        o, t, s = e.o, e.t, e.s
         judged, draws = judged_draws(refs[-1], p_path, level, gs) if skip is None else (0, 0)
+        if e.control and skip is None:
+            site = found[s.id]
+            assert isinstance(site, _Site)
+            c_judged, c_draws, power = control_draws(refs, site.alts, path, p_path, judged, level, gs)
+            judged, draws = max(judged, c_judged), max(draws, c_draws)  # never fewer than the target's
+            sites.append(_site_record(s, f"{o.case.id}@{t}/{s.id}", site, power, draws, gs))
         planned = gof.cells_for(refs[-1].probs, judged, gs.min_expected, gs.max_cells, refs[-1].ranked)
-        raws = tuple(o.rows[t + j] for j in range(s.step + 1))
-        test = Test(f"{o.case.id}@{t}/{s.id}", o.case.id, t, s, prefix, path, tuple(refs), raws, p_path,
-                    draws, judged, gs.seed + i * SEED_SPACING, planned, refusal, skip)
+        test = Test(f"{o.case.id}@{t}/{s.id}", o.case.id, t, s, prefix, path, tuple(refs),
+                    tuple(rows), p_path, draws, judged, gs.seed + i * SEED_SPACING, planned, refusal,
+                    skip, e.control)
         tests.append(test)
         if s.id not in seen and test.runs:
             seen.add(s.id)
             det.append(test)
-    return Plan(gs, chain, tuple(tests), tuple(det), tuple(skipped))
+    for s in gs.settings:
+        why = found.get(s.id)
+        if isinstance(why, str):
+            n = sum(max(0, len(o.greedy) - s.step) for o in oracle)
+            sites.append(ControlSite(s.id, s.param, None, (), 0.0, 0, False, n, why))
+    return Plan(gs, chain, tuple(tests), tuple(det), tuple(skipped), tuple(sites))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Site:
+    o: OracleRows
+    t: int
+    alts: tuple[tuple[Reference, ...], ...]
+    """Per fault of the setting: its distributions at every step."""
+    moved: tuple[tuple[str, float], ...]
+    searched: int
+    power_at_cap: float
+
+
+SITE_TRIALS = 6
+"""Positions, the most moved first, whose power is computed when choosing a setting's site."""
+
+
+def control_site(
+    oracle: Sequence[OracleRows], s: Setting, gs: GateSettings, chain: Chain, level: float
+) -> _Site | str:
+    """The position (of any case, any t whose path lies inside the greedy continuation) where the
+    setting's planted faults are judged: among the :data:`SITE_TRIALS` positions where the fault
+    that moves the visible distribution least moves it most, the one needing the fewest draws for
+    ``control_power`` against every fault (block-aligned first on a tie); where none reaches it
+    within ``max_draws``, the one with the most power. A string: why no position can be one (every
+    path too unlikely under the setting, or the faults move nothing anywhere)."""
+    fs = faults.of(s.param)
+    scored = []
+    for o in oracle:
+        for t in range(len(o.greedy) - s.step):
+            if any(t + j not in o.rows for j in range(s.step + 1)):
+                continue
+            prefix = tuple(o.case.prompt_ids) + tuple(o.greedy[:t])
+            path = tuple(o.greedy[t : t + s.step])
+            rows = [o.rows[t + j] for j in range(s.step + 1)]
+            refs = faults.references(rows, s.sampling, prefix, path, chain, gs.boundary_tol)
+            p_path = faults.path_probability(refs, path)
+            if gs.max_draws * p_path < 2 * MIN_JUDGED:
+                continue
+            alts = tuple(
+                faults.references(rows, s.sampling, prefix, path, chain, gs.boundary_tol, f) for f in fs
+            )
+            moved = tuple((f.name, faults.visible_tv(refs[-1], a[-1])) for f, a in zip(fs, alts, strict=True))
+            aligned = gs.align <= 1 or len(prefix) % gs.align == 1
+            scored.append((min(m for _, m in moved), aligned, o, t, refs, alts, path, p_path, moved))
+    n = sum(max(0, len(o.greedy) - s.step) for o in oracle)
+    if not scored:
+        return (
+            f"no position of any case powers it: on all {n} positions the oracle's path of {s.step} "
+            f"tokens is too unlikely under the setting for {gs.max_draws} draws to judge {2 * MIN_JUDGED}"
+        )
+    scored.sort(key=lambda x: (-x[0], not x[1]))
+    if scored[0][0] <= 0:
+        sees = (
+            f"; the {chain.name} chain's penalties see only the tokens the engine drew, and the "
+            f"setting draws {s.step} before the judged one"
+            if s.step == 0
+            and (chain.repetition_sees if s.param == "repetition_penalty" else chain.counts_see) == "output"
+            and s.param.endswith("penalty")
+            else ""
+        )
+        return f"no position of any case powers it: the fault moves nothing at any of {n} positions{sees}"
+    best: tuple[tuple[int, int, float], _Site] | None = None
+    for tv, aligned, o, t, refs, alts, path, p_path, moved in scored[:SITE_TRIALS]:
+        if tv <= 0 and best is not None:
+            break
+        n0 = judged_draws(refs[-1], p_path, level, gs)[0]
+        _j, draws, power = control_draws(refs, alts, path, p_path, n0, level, gs)
+        site = _Site(o, t, alts, moved, len(scored), power)
+        key = (0 if power >= gs.control_power else 1, draws if power >= gs.control_power else 0, -power)
+        key = (key[0], key[1] + (0 if aligned else 1), key[2])
+        if best is None or key < best[0]:
+            best = (key, site)
+    assert best is not None
+    return best[1]
+
+
+def control_draws(
+    refs: Sequence[Reference],
+    alts: Sequence[Sequence[Reference]],
+    path: Sequence[int],
+    p_path: float,
+    n0: int,
+    level: float,
+    gs: GateSettings,
+) -> tuple[int, int, float]:
+    """(judged, requested, power): the fewest judged draws, ``n0`` at least, whose test fails every
+    fault in ``alts`` with probability ``control_power`` (the weakest decides); the cap when none
+    does, with the power it has there."""
+
+    def power(n: int) -> tuple[float, int, int]:
+        judged, draws = cover(n, p_path, gs)
+        pw = min(
+            faults.power_against_fault(refs, a, path, judged, draws, level, gs.min_expected, gs.max_cells)
+            for a in alts
+        )
+        return pw, judged, draws
+
+    cap = cover(gs.max_draws * 10, p_path, gs)[0]  # the judged draws max_draws requests give
+    n = max(1, min(n0, cap))
+    pw, judged, draws = power(n)
+    if pw >= gs.control_power:
+        return judged, draws, pw
+    lo, hi = n, n
+    while hi < cap:
+        hi = min(cap, hi * 2)
+        pw, judged, draws = power(hi)
+        if pw >= gs.control_power:
+            break
+        lo = hi
+    if pw < gs.control_power:
+        return judged, draws, pw
+    best = (judged, draws, pw)
+    while hi - lo > max(1, hi // 20):
+        mid = (lo + hi) // 2
+        pw, judged, draws = power(mid)
+        if pw >= gs.control_power:
+            hi, best = mid, (judged, draws, pw)
+        else:
+            lo = mid
+    return best
+
+
+def _site_record(
+    s: Setting, test: str, site: _Site, power: float, draws: int, gs: GateSettings
+) -> ControlSite:
+    powered = power >= gs.control_power
+    note = "" if powered else (
+        f"no position of any case powers it: the most moved of {site.searched} positions "
+        f"({test}) gives power {power:.3g} at {draws} draws (max_draws {gs.max_draws})"
+    )
+    return ControlSite(s.id, s.param, test, site.moved, power, draws, powered, site.searched, note)
 
 
 MIN_JUDGED = 20
@@ -235,6 +440,13 @@ def judged_draws(ref: Reference, p_path: float, level: float, gs: GateSettings) 
         if d <= gs.target_tv:
             break
         n = min(gs.max_draws, math.ceil(n * (d / gs.target_tv) ** 2 * 1.02))
+    return cover(n, p_path, gs)
+
+
+def cover(n: int, p_path: float, gs: GateSettings) -> tuple[int, int]:
+    """(judged, requested): enough requests for ``n`` of them to follow a path of chance
+    ``p_path`` (3.1 standard deviations to spare), or ``max_draws`` and what they judge."""
+    n = min(n, gs.max_draws)
     if p_path >= 1.0:
         return n, n
     if p_path <= 0.0:

@@ -65,6 +65,10 @@ class GateSettings:
     seed: int = 1
     alpha: float = 0.01
     power: float = 0.9
+    control_power: float = 0.999
+    """The power every planted fault of a setting is planned for at its site (the vacuous-gate
+    guard: a control that passes makes the record vacuous, so a guard of eight controls wants
+    each of them far above ``power``)."""
     target_tv: float = 0.1
     min_expected: float = MIN_EXPECTED
     max_cells: int = MAX_CELLS
@@ -89,6 +93,7 @@ class GateSettings:
                     "seed",
                     "alpha",
                     "power",
+                    "control_power",
                     "target_tv",
                     "min_expected",
                     "max_cells",
@@ -123,6 +128,7 @@ _SETTING_KEYS = (
 _BARS: Mapping[str, tuple[float, float]] = {
     "alpha": (1e-6, 0.5),
     "power": (0.5, 0.9999),
+    "control_power": (0.5, 0.99999),
     "target_tv": (1e-4, 1.0),
     "min_expected": (1.0, 1e6),
     "max_cells": (3, 10_000),

@@ -145,7 +145,8 @@ class VllmCppRunner(NoTensors):
                 try:
                     self.engine_opts[key] = int(options[key])
                 except ValueError:
-                    raise EngineRefused(f"candidate {name!r}: {key}={options[key]!r} is not an integer") from None
+                    raise EngineRefused(
+                        f"candidate {name!r}: {key}={options[key]!r} is not an integer") from None
         self.name, self.model, self.options = name, model, dict(options)
         self.run_dir, self.repo_root = run_dir, repo_root
         self.build: Build | None = None
@@ -222,7 +223,8 @@ class VllmCppRunner(NoTensors):
             "cases": [{"id": c.id, "prompt_text": self.prompt_text(c), "max_tokens": sampling.max_tokens}
                       for c in cases]}))
         exited = run_engine([str(self.build.worker), str(req), str(res)], self.log_path, TIMEOUT_S,
-                            dict(os.environ), label=f"vllm.cpp {self.name} ({self.model.name}, {len(cases)} cases)")
+                            dict(os.environ),
+                            label=f"vllm.cpp {self.name} ({self.model.name}, {len(cases)} cases)")
         try:
             done = check_result(res, f"the vllm.cpp worker of {self.name}", exited,
                                 doing=f"running {len(cases)} cases of {self.model.name}")

@@ -6,13 +6,14 @@ copies that source into the build cache (never building in the user's tree), bui
 static library and its OpenAI server with CMake and Ninja, and compiles the harness's own worker
 (``workers/vllmcpp_worker.cpp``) against that library as one more target of the same build.
 
-The cache folder is named by a key over the source digest (the sha256 of every file of the tree,
-the same for a checkout and for an archive of it), the compiler and the CMake flags. A folder is
-ready when its stamp (``build.json``, written last) is there; a folder without one is a build that
-stopped half-way and is built again from scratch. The worker is not part of the key: when its
-source changed, only its target is rebuilt in the cached build (seconds), and the stamp says so. When the build fails, the tail of its log is the
-error. The stamp is the record's ``build`` facts: the source digest, the git commit when the source
-is a checkout, the compiler, the flags, the patches applied to the copy, and the build time.
+The cache folder is named by a key over the source digest (the sha256 of every file of the tree, the
+same for a checkout and for an archive of it), the compiler and the CMake flags. A folder is ready
+when its stamp (``build.json``, written last) is there; a folder without one is a build that stopped
+half-way and is built again from scratch. The worker is not part of the key: when its source
+changed, only its target is rebuilt in the cached build (seconds), and the stamp says so. When the
+build fails, the tail of its log is the error. The stamp is the record's ``build`` facts: the source
+digest, the git commit when the source is a checkout, the compiler, the flags, the patches applied
+to the copy, and the build time.
 
 The one patch: upstream builds with ``-Werror`` (cmake/CompilerWarnings.cmake), and g++ 12 warns
 where g++ 13 does not (``-Wvolatile``); the copy drops ``-Werror``, since warnings are not what this

@@ -93,8 +93,8 @@ class VllmCppServerRunner(NoTensors):
 
     def info(self) -> EngineInfo:
         inner = self.engine.info()
-        settings: dict[str, Any] = {**inner.settings, "route": "/v1/completions", "concurrency": self.concurrency,
-                                    "prompts": self.prompts}
+        settings: dict[str, Any] = {**inner.settings, "route": "/v1/completions",
+                                    "concurrency": self.concurrency, "prompts": self.prompts}
         return EngineInfo(self.name, "vllm.cpp server", inner.version, settings=settings,
                           environment=inner.environment)
 

@@ -33,10 +33,10 @@ from harness.apisurface.reference import Reference
 from harness.apisurface.settings import ApiSettings, api_settings
 from harness.apisurface.surface import base_probes, control, judge, ordinary_text, plan, with_base
 from harness.engines import RunnerContext, make_runner, split_spec
-from harness.oracle import oracle_spec
 from harness.engines.openai.transport import Exchange
 from harness.excerpt import first_line
 from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.oracle import oracle_spec
 from harness.records import Control, Record
 from harness.staleness import Current, reference_reasons
 from harness.workspace import Workspace
@@ -150,7 +150,8 @@ class ApiKind:
         t: dict[str, float] = {}
         ws.runs.mkdir(parents=True, exist_ok=True)
         oracle = configure(
-            make_runner(oracle_spec(PINNED, req.suite), req.model, RunnerContext(run_dir=ws.runs, name="oracle")),
+            make_runner(oracle_spec(PINNED, req.suite), req.model,
+                        RunnerContext(run_dir=ws.runs, name="oracle")),
             prepared.settings
         )
         assert isinstance(oracle, ServesOpenAI)

@@ -6,6 +6,8 @@ in records are longer; engine logs are kept by their end. Every cut is marked wi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 LINE = 160
 """A verdict summary, or the first line of a reason standing in one."""
 INLINE = 80
@@ -31,3 +33,10 @@ def first_line(text: str, limit: int = LINE) -> str:
 def tail(text: str, limit: int = LOG) -> str:
     """The last ``limit`` characters of ``text`` (a log is read from its end), the cut marked."""
     return text if len(text) <= limit else MARK + text[len(text) - limit + len(MARK):]
+
+
+def file_tail(path: Path | None, n: int = 4000) -> str:
+    """The last ``n`` characters of a log file; empty when there is none (the engine never wrote)."""
+    if path is None or not path.exists():
+        return ""
+    return path.read_text(errors="replace")[-n:]

@@ -58,6 +58,7 @@ from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, R
 from harness.capabilities import Capabilities
 from harness.engines.base import ENGINES, RunnerContext
 from harness.engines.procs import kill_group, spawn
+from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.speed import Speed
 
@@ -238,7 +239,7 @@ class CmdRunner:
         if not why and proc.returncode != 0:
             why = f"the command exited with {proc.returncode}"
         if why:
-            why += f"; stderr tail: {_excerpt(self._tail())}"
+            why += f"; stderr tail: {_excerpt(file_tail(self.log_path, 2000))}"
         return out.decode(errors="replace"), why, work
 
     def tensor_ability(self) -> TensorAbility:
@@ -342,9 +343,6 @@ class CmdRunner:
             self.speed = Speed(int(conc) if isinstance(conc, int) else 1, len(cases), n_tok, float(gen),
                                ttfts, "subprocess (engine-reported generate_s)")
         return outs
-
-    def _tail(self, n: int = 2000) -> str:
-        return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
 
     def close(self) -> None:
         """The command has exited (or was killed) by the time ``run`` returns."""

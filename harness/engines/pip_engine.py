@@ -34,6 +34,7 @@ from harness.engines.procs import run_engine
 from harness.engines.venvs import STAMP, VenvError, VenvInfo
 from harness.engines.vllm import full_rows, output_from_fields, score_from_line
 from harness.engines.worker_lines import WorkerFailed, check_result
+from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -174,7 +175,7 @@ class PipEngineRunner(NoTensors):
                                 doing=f"running {len(cases)} cases of {self.model.name}")
         except WorkerFailed as e:
             e.reason, e.detail = self._here(e.reason), self._here(e.detail)
-            raise e.engine_error(self._here(self._tail()), prefix=f"{self.name}: ") from None
+            raise e.engine_error(self._here(file_tail(self.log_path)), prefix=f"{self.name}: ") from None
         head = self.meta = done.meta
         took = {k: float(v) for k, v in head["timings"].items()}
         if cases:
@@ -222,11 +223,6 @@ class PipEngineRunner(NoTensors):
         if self.run_dir is not None:
             places[str(self.run_dir)] = "<run folder>"
         return without_paths(text, places)
-
-    def _tail(self, n: int = 4000) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-n:]
 
     def facts(self) -> RunFacts:
         notes = tuple(self.meta.get("notes", ()))

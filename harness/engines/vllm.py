@@ -31,6 +31,7 @@ from harness.engines.preload import PreloadMissing, preload_env
 from harness.engines.procs import Exited, engine_env, run_engine
 from harness.engines.weights import Weights, checkpoint_for
 from harness.engines.worker_lines import WorkerFailed, check_result
+from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.steps import step
@@ -185,10 +186,12 @@ class VLLMRunner:
         for sid, ids in sequences.items():
             d = self.tensor_lines.get(sid)
             if d is None:
-                raise EngineFailed(f"{self.name}: the worker returned no tensors for {sid}", self._tail())
+                raise EngineFailed(f"{self.name}: the worker returned no tensors for {sid}",
+                                   file_tail(self.log_path))
             if int(d["rows"]) != len(ids) or int(d["calls"]) < 1:
                 raise EngineFailed(f"{self.name}: {sid}: the taps saw {d['rows']} rows in {d['calls']} "
-                                   f"forward calls for a sequence of {len(ids)} tokens", self._tail())
+                                   f"forward calls for a sequence of {len(ids)} tokens",
+                                   file_tail(self.log_path))
             with np.load(d["path"]) as z:
                 out[sid] = {k: np.asarray(z[k], np.float32) for k in d["names"]}
         return out
@@ -233,11 +236,11 @@ class VLLMRunner:
         doing = (f"running {len(cases)} cases of {self.model.name}" if cases or not tensors else
                  f"tapping the layers of {self.model.name} on {len(tensors['sequences'])} sequences")
         try:
-            done = check_result(res, f"engine {self.name}", exited, log=self._tail(200_000),
+            done = check_result(res, f"engine {self.name}", exited, log=file_tail(self.log_path, 200_000),
                                 diagnose=root_cause, doing=doing)
         except WorkerFailed as e:
             ledger.record("vllm", self.model.name, None, ok=False, python=self.python, **start_facts)
-            raise e.engine_error(self._tail()) from None
+            raise e.engine_error(file_tail(self.log_path)) from None
         head = done.meta
         ledger.record("vllm", self.model.name, (head.get("timings") or {}).get("engine_start_s"), ok=True,
                       python=self.python, **start_facts)
@@ -264,9 +267,6 @@ class VLLMRunner:
             full, why = full_rows(d)
             outs.append(output_from_fields(c.id, d, error=why, full=full))
         return outs, scores
-
-    def _tail(self, n: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
 
     def facts(self) -> RunFacts:
         cap: dict[str, Any] = {}

@@ -50,6 +50,7 @@ from harness.engines.procs import run_engine
 from harness.engines.vllm import output_from_fields
 from harness.engines.vllmcpp_build import Build, BuildError, ensure_build
 from harness.engines.worker_lines import WorkerFailed, check_result
+from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -230,7 +231,7 @@ class VllmCppRunner(NoTensors):
                                 doing=f"running {len(cases)} cases of {self.model.name}")
         except WorkerFailed as e:
             e.reason, e.detail = self._here(e.reason), self._here(e.detail)
-            raise e.engine_error(self._here(self._tail()), prefix=f"{self.name}: ") from None
+            raise e.engine_error(self._here(file_tail(self.log_path)), prefix=f"{self.name}: ") from None
         self.meta = done.meta
         self.timings.update({k: float(v) for k, v in done.meta["timings"].items()})
         self.timings["output_tokens"] = float(done.meta["output_tokens"])
@@ -282,11 +283,6 @@ class VllmCppRunner(NoTensors):
         if self.run_dir is not None:
             places[str(self.run_dir)] = "<run folder>"
         return without_paths(text, places)
-
-    def _tail(self, n: int = 4000) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-n:]
 
 
 @ENGINES.register("vllmcpp", help="vllm.cpp built from its source on first use (vllmcpp:src=PATH,gguf=f16)")

@@ -185,6 +185,7 @@ class SamplingKind:
                 "control_sites": [x.to_json() for x in plan.sites],
                 "false_positive": facts.get("false_positive", {}),
                 "skipped_cases": list(plan.skipped),
+                "passed_over": list(plan.passed_over),
             }
         }
         timings = {

@@ -144,6 +144,9 @@ class Plan:
     skipped: tuple[str, ...] = field(default_factory=tuple)
     sites: tuple[ControlSite, ...] = ()
     """Per setting: where its planted faults are tested, what they move there, the power."""
+    passed_over: tuple[str, ...] = ()
+    """``<case>@<t>/<setting>: why``: least decided positions a ``step`` setting moved past, its
+    path too unlikely there (:func:`positions_for`)."""
 
     @property
     def level(self) -> float:
@@ -172,17 +175,68 @@ def candidates(case: Case, greedy: Sequence[int], gs: GateSettings) -> list[int]
     return [t for t in range(max(0, last + 1)) if gs.align <= 1 or (len(case.prompt_ids) + t) % gs.align == 1]
 
 
-def positions(o: OracleRows, gs: GateSettings) -> list[int]:
-    """The ``positions_per_case`` candidates where the oracle is least decided (highest entropy of
-    its raw distribution): a position where one token takes all the mass tests nothing but support."""
+def ranked(o: OracleRows, gs: GateSettings) -> list[int]:
+    """Every candidate position, the least decided first (highest entropy of the oracle's raw
+    distribution): a position where one token takes all the mass tests nothing but support."""
 
     def entropy(t: int) -> float:
         p = softmax(o.rows[t])
         return float(-(p[p > 0] * np.log(p[p > 0])).sum())
 
-    return sorted(
-        sorted(candidates(o.case, o.greedy, gs), key=entropy, reverse=True)[: gs.positions_per_case]
-    )
+    return sorted(candidates(o.case, o.greedy, gs), key=entropy, reverse=True)
+
+
+def positions(o: OracleRows, gs: GateSettings) -> list[int]:
+    """The ``positions_per_case`` least decided candidates (:func:`ranked`)."""
+    return sorted(ranked(o, gs)[: gs.positions_per_case])
+
+
+def positions_for(
+    o: OracleRows, s: Setting, gs: GateSettings, chain: Chain
+) -> tuple[list[int], list[str]]:
+    """The positions setting ``s`` is tested at in case ``o``, and what was passed over: the
+    :func:`positions`, except that a setting drawing ``step`` > 0 tokens before the judged one
+    moves on down :func:`ranked` past a position where the oracle's path is too unlikely under it
+    to be judged (:func:`_unlikely`): the next least decided one takes its place."""
+    order = ranked(o, gs)
+    if s.step == 0:
+        return sorted(order[: gs.positions_per_case]), []
+    chosen: list[int] = []
+    unlikely: list[tuple[int, str]] = []
+    for t in order:
+        if len(chosen) == gs.positions_per_case:
+            break
+        _prefix, path, _rows, _refs, p_path = _path_at(o, t, s, chain, gs)
+        why = _unlikely(p_path, path, gs)
+        if why is None:
+            chosen.append(t)
+        else:
+            unlikely.append((t, why))
+    # too few judgeable positions: the least decided unlikely ones are kept, as skips that say why
+    kept = unlikely[: gs.positions_per_case - len(chosen)]
+    passed = [f"{o.case.id}@{t}/{s.id}: {why}" for t, why in unlikely[len(kept):]]
+    return sorted(chosen + [t for t, _ in kept]), passed
+
+
+def _path_at(
+    o: OracleRows, t: int, s: Setting, chain: Chain, gs: GateSettings
+) -> tuple[tuple[int, ...], tuple[int, ...], list[np.ndarray], list[Reference], float]:
+    """(prefix, path, raw rows, references, the path's chance) of setting ``s`` at position t."""
+    prefix = tuple(o.case.prompt_ids) + tuple(o.greedy[:t])
+    path = tuple(o.greedy[t : t + s.step])
+    rows = [o.rows[t + j] for j in range(s.step + 1)]
+    refs = faults.references(rows, s.sampling, prefix, path, chain, gs.boundary_tol)
+    return prefix, path, rows, refs, faults.path_probability(refs, path)
+
+
+def _unlikely(p_path: float, path: Sequence[int], gs: GateSettings) -> str | None:
+    """Why a test on this path is not drawn, or None: capped draws would judge fewer than
+    :data:`MIN_JUDGED` (3.1 standard deviations to spare)."""
+    expect = gs.max_draws * p_path - 3.1 * math.sqrt(gs.max_draws * p_path * (1 - p_path))
+    if expect >= MIN_JUDGED:
+        return None
+    return (f"the oracle's path {list(path)} has probability {p_path:.2g} under this setting: "
+            f"{gs.max_draws} draws would judge fewer than {MIN_JUDGED}")
 
 
 def rows_needed(
@@ -214,14 +268,17 @@ def make_plan(
     missing = {**dict(chain.unsupported), **dict(unsupported or {})}
     entries: list[_Entry] = []
     skipped = []
+    passed: list[str] = []
     for o in oracle:
-        pos = positions(o, gs)
-        if not pos:
+        if not positions(o, gs):
             skipped.append(
                 f"{o.case.id}: no position t with len(prompt) + t = 1 (mod {gs.align}) inside "
                 f"its {len(o.greedy)} greedy tokens"
             )
-        entries += [_Entry(o, t, s) for t in pos for s in gs.settings]
+        for s in gs.settings:
+            pos, over = positions_for(o, s, gs, chain)
+            entries += [_Entry(o, t, s) for t in pos]
+            passed += over
     # the sites are chosen at the level of the largest family they can make (a bound: the final
     # level is that or higher, so the power only grows)
     bound = gs.alpha / max(1, len(entries) + len(gs.settings))
@@ -240,17 +297,9 @@ def make_plan(
             entries.append(_Entry(site.o, site.t, s, True))
     built = []
     for e in entries:
-        o, t, s = e.o, e.t, e.s
-        prefix = tuple(o.case.prompt_ids) + tuple(o.greedy[:t])
-        path = tuple(o.greedy[t : t + s.step])
-        rows = [o.rows[t + j] for j in range(s.step + 1)]
-        refs = faults.references(rows, s.sampling, prefix, path, chain, gs.boundary_tol)
-        p_path = faults.path_probability(refs, path)
-        expect = gs.max_draws * p_path - 3.1 * math.sqrt(gs.max_draws * p_path * (1 - p_path))
-        skip = None if expect >= MIN_JUDGED else (
-            f"the oracle's path {list(path)} has probability {p_path:.2g} under this setting: "
-            f"{gs.max_draws} draws would judge fewer than {MIN_JUDGED}")
-        built.append((e, prefix, path, refs, rows, p_path, _refusal(s, missing), skip))
+        prefix, path, rows, refs, p_path = _path_at(e.o, e.t, e.s, chain, gs)
+        skip = _unlikely(p_path, path, gs)
+        built.append((e, prefix, path, refs, rows, p_path, _refusal(e.s, missing), skip))
     level = gs.alpha / max(1, sum(1 for b in built if b[6] is None and b[7] is None))
     tests, det, seen, sites = [], [], set(), []
     for i, (e, prefix, path, refs, rows, p_path, refusal, skip) in enumerate(built):
@@ -275,7 +324,7 @@ def make_plan(
         if isinstance(why, str):
             n = sum(max(0, len(o.greedy) - s.step) for o in oracle)
             sites.append(ControlSite(s.id, s.param, None, (), 0.0, 0, False, n, why))
-    return Plan(gs, chain, tuple(tests), tuple(det), tuple(skipped), tuple(sites))
+    return Plan(gs, chain, tuple(tests), tuple(det), tuple(skipped), tuple(sites), tuple(passed))
 
 
 @dataclass(frozen=True, slots=True, eq=False)

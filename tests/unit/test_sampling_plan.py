@@ -11,7 +11,7 @@ import pytest
 from harness.api import Case
 from harness.sampling import doubles, faults, judge
 from harness.sampling.doubles import Double, false_positive_rate, stated_power
-from harness.sampling.plan import OracleRows, Plan, make_plan, positions
+from harness.sampling.plan import OracleRows, Plan, make_plan, positions, ranked
 from harness.sampling.settings import GateSettings, Setting
 from tests.unit import sampling_kit as kit
 
@@ -146,3 +146,39 @@ def test_the_record_states_each_controls_site_power_and_tv() -> None:
     assert k5.ok and f"{site.test}: moves TV " in k5.note and f"at {site.draws} draws" in k5.note
     got = facts["top-k keeps one token too many"]["sites"]["top_k"][0]
     assert got["test"] == site.test and got["power"] >= 0.999 and got["moved_tv"]
+
+
+def test_a_step_setting_moves_past_a_position_whose_path_it_cannot_follow() -> None:
+    """A penalty drawn one token after the prefix is judged only where the first token followed the
+    oracle's. Where the oracle's greedy token is nearly excluded under the setting (smollm2-135m's
+    least decided position under a repetition penalty: chance 0.0014), that test would be skipped;
+    the planner takes the next least decided position instead and says which it passed over."""
+    rows = kit.oracle(1)
+    gs = _settings(Setting("rep13s1", "repetition_penalty", kit.S(repetition_penalty=1.3), 1),
+                   control_repetitions=0, align=8)
+    (o,) = rows
+    first = positions(o, gs)[0]
+    # bury the greedy token after `first` under the rest: the path is nearly impossible there
+    x = o.rows[first].copy()
+    x[o.greedy[first]] = float(x.min()) - 30.0
+    buried = [OracleRows(o.case, o.greedy, {**o.rows, first: x})]
+    p = make_plan(buried, gs, "vllm")
+    on = sorted(t.position for t in p.tests if not t.control)
+    order = ranked(o, gs)
+    assert first not in on and len(on) == gs.positions_per_case
+    assert all(t.runs for t in p.tests)
+    over = {x.split(":")[0] for x in p.passed_over}
+    assert f"{o.case.id}@{first}/rep13s1" in over
+    # nothing judgeable was passed over: every position ranked above the last one taken was either
+    # taken or passed over with its reason
+    last = max(order.index(t) for t in on)
+    assert {f"{o.case.id}@{t}/rep13s1" for t in order[:last] if t not in on} == over
+    assert all("probability" in x for x in p.passed_over)
+    # untouched, the same plan tests the least decided positions and passes nothing over
+    plain = make_plan(rows, gs, "vllm")
+    assert sorted(t.position for t in plain.tests if not t.control) == positions(o, gs)
+    assert plain.passed_over == ()
+    # with no other position to take, the buried one stays, as a skip that says why
+    few = _settings(gs.settings[0], control_repetitions=0, align=8, positions_per_case=len(order))
+    (kept,) = [t for t in make_plan(buried, few, "vllm").tests if t.position == first and not t.control]
+    assert not kept.runs and "probability" in (kept.skip or "")

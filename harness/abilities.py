@@ -172,6 +172,9 @@ class SamplerTraits:
     batch (vLLM); ``call``: one generator per call (transformers), nothing promised across a batch."""
     unsupported: Mapping[str, str] = field(default_factory=dict)
     """Parameter -> why the engine cannot apply it (its tests are ``refused`` with that reason)."""
+    seed_hint: str = ""
+    """What of the engine's own state can move a seeded draw (a prefix cache): a failing
+    ``sampling.seed`` verdict says it, with the option that rules it out."""
 
 
 @runtime_checkable

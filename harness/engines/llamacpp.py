@@ -7,19 +7,22 @@ use (llama.cpp compiled from source: minutes, once; :mod:`harness.engines.venvs`
 HTTP through :class:`~harness.engines.openai.OpenAIRunner` and stops its process group when the run
 ends, however it ends. Options, comma-separated:
 
-==================  ==========================================================================
-``gguf=f32``        (default) a F32 GGUF the harness writes from the model's safetensors: the
-                    oracle's weights bit for bit, so only the engines differ
-``gguf=f16``        the same in F16 (norms stay F32)
-``gguf=source``     the GGUF the model was built from (the ``*.gguf`` in its folder); a
-                    quantization name (``gguf=q4_1``) also checks the file is of that type
-``gguf=<path>``     any GGUF file
-``c=N``             requests in flight (the server answers one at a time)
-``version=X.Y.Z``   the llama-cpp-python release (default :data:`VERSION`)
-``body.<field>=v``  a request field, as for ``openai:`` (default ``body.repeat_penalty=1.0``;
-                    ``body.repeat_penalty=`` sends none: the server's default applies)
-``<flag>=v``        passed to the server as ``--<flag> v`` (``n_ctx=8192``, ``n_batch=256``)
-==================  ==========================================================================
+===================  ==========================================================================
+``gguf=f32``         (default) a F32 GGUF the harness writes from the model's safetensors: the
+                     oracle's weights bit for bit, so only the engines differ
+``gguf=f16``         the same in F16 (norms stay F32)
+``gguf=source``      the GGUF the model was built from (the ``*.gguf`` in its folder); a
+                     quantization name (``gguf=q4_1``) also checks the file is of that type
+``gguf=<path>``      any GGUF file
+``c=N``              requests in flight (the server answers one at a time)
+``version=X.Y.Z``    the llama-cpp-python release (default :data:`VERSION`)
+``body.<field>=v``   a request field, as for ``openai:`` (default ``body.repeat_penalty=1.0``;
+                     ``body.repeat_penalty=`` sends none: the server's default applies)
+``prefix_cache=on``  (default) ``make sampling`` only: the draws the seed lanes replay run through
+                     ``Llama.generate`` with the prefix it holds, as the server does; ``off`` resets
+                     it first, so every prompt is evaluated whole (the gate refuses ``off``)
+``<flag>=v``         passed to the server as ``--<flag> v`` (``n_ctx=8192``, ``n_batch=256``)
+===================  ==========================================================================
 
 Greedy by default: llama-cpp-python's ``/v1/completions`` applies ``repeat_penalty`` 1.1 unless the
 request says otherwise, and with ``temperature: 0`` its sampler is *penalties, then greedy* — so
@@ -153,6 +156,10 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
         except VenvError as e:
             raise EngineRefused(f"candidate {name!r}: {e}") from None
         self.gguf_choice = opts.pop("gguf", "f32")
+        cache = opts.pop("prefix_cache", "on")
+        if cache not in ("on", "off"):
+            raise EngineRefused(f"candidate {name!r}: prefix_cache must be on or off, not {cache!r}")
+        self.prefix_cache = cache == "on"
         body = dict(GREEDY_BODY)
         for key in [k for k in opts if k.startswith("body.")]:
             field_name = key[5:]
@@ -178,7 +185,7 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
         """settings: what decides the results (which GGUF, server flags, request fields);
         environment: the build, the file's facts, how the server was talked to."""
         settings: dict[str, Any] = {"gguf": self.gguf_choice, "server_flags": dict(self.flags),
-                                    "body": dict(self.body)}
+                                    "body": dict(self.body), "prefix_cache": self.prefix_cache}
         env: dict[str, Any] = {}
         if self.gguf is not None:
             settings["gguf_sha256"] = self.gguf.facts.get("sha256")
@@ -223,6 +230,9 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
         return self.venv, self.gguf
 
     def start(self) -> None:
+        if not self.prefix_cache:
+            raise EngineRefused(f"{self.name}: prefix_cache=off is the sampler's (make sampling): the "
+                                "server always reuses the prefix it holds")
         self.prepare()
         assert self.venv is not None and self.gguf is not None
         log = None

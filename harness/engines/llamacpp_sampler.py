@@ -28,6 +28,14 @@ from harness.excerpt import tail
 
 WORKER = Path(__file__).parents[1] / "sampling" / "engines" / "llamacpp_worker.py"
 TIMEOUT_S = float(os.environ.get("HARNESS_SAMPLING_TIMEOUT_S", "5400"))
+PREFIX_CACHE_HINT = (
+    "Llama.generate reuses the longest prefix it holds and evaluates only the rest, in a decode batch "
+    "of another size, whose logits round differently; the dist sampler walks the candidates in "
+    "token-id order, so a shift that small moves a seeded draw to a neighbouring id. "
+    "llamacpp:prefix_cache=off evaluates every replayed prompt whole (docs/sampling.md)"
+)
+"""Why llama.cpp's same seed twice can differ with its prefix cache on (measured on smollm2-135m:
+docs/sampling.md)."""
 
 
 class LlamaCppSampling:
@@ -40,8 +48,11 @@ class LlamaCppSampling:
 
     def prepare(self) -> tuple[Any, Any]: ...
 
+    prefix_cache: bool
+
     def sampler_traits(self) -> SamplerTraits:
-        return SamplerTraits("llama.cpp", "raw_logprobs", "serial")  # type: ignore[arg-type]
+        hint = PREFIX_CACHE_HINT if self.prefix_cache else ""
+        return SamplerTraits("llama.cpp", "raw_logprobs", "serial", seed_hint=hint)  # type: ignore[arg-type]
 
     def sample(self, passes: Sequence[SamplePass]) -> dict[str, dict[str, Samples]]:
         venv, gguf = self.prepare()
@@ -75,6 +86,7 @@ class LlamaCppSampling:
             "gguf": gguf,
             "n_ctx": int(self.flags.get("n_ctx", 4096)),
             "n_threads": int(self.flags.get("n_threads", os.cpu_count() or 1)),
+            "prefix_cache": self.prefix_cache,
             "passes": [
                 {
                     "name": p.name,

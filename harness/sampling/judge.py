@@ -253,9 +253,8 @@ def determinism(
             f"{SEED} {what}: {'FAIL' if diff else 'pass'}: {total - sum(ev.values())}/{total} draws "
             f"identical over {len(plan.det)} settings" + (f" ({promise})" if lane == "alone" else "")
         )
-        out.append(
-            Verdict(lane, SEED, status, head, "\n".join(diff[:SHOW]), {"differing": ev, "draws": total})
-        )
+        detail = diff[:SHOW] + ([f"why it may: {traits.seed_hint}"] if diff and traits.seed_hint else [])
+        out.append(Verdict(lane, SEED, status, head, "\n".join(detail), {"differing": ev, "draws": total}))
     return out
 
 

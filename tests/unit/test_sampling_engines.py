@@ -148,3 +148,32 @@ def test_draws_are_padded_where_they_stopped() -> None:
     assert s.tokens.tolist() == [[5, 6], [7, -1], [-1, -1]]
     assert s.logprobs is not None and np.isnan(s.logprobs[1, 1]) and s.logprobs[0, 1] == np.float32(-0.2)
     assert samples("k", [[1]], None, 1).logprobs is None
+
+
+def test_llamacpps_prefix_cache_option_names_itself_in_the_seed_verdict(workspace: Workspace) -> None:
+    """``llamacpp:prefix_cache=off`` evaluates every replayed prompt whole; with the cache on (the
+    server's way), a failing seed verdict says what in the engine can move a seeded draw and how to
+    rule it out. The gate (a server) refuses ``off``; a misspelt value is refused naming it."""
+    from harness.sampling import judge
+    from harness.sampling.doubles import Double as Drawer
+    from harness.sampling.plan import make_plan
+
+    model = resolve_model("tiny-llama", workspace)
+    ctx = RunnerContext(run_dir=workspace.runs)
+    on, off = make_runner("llamacpp", model, ctx), make_runner("llamacpp:prefix_cache=off", model, ctx)
+    assert "prefix_cache=off" in on.sampler_traits().seed_hint  # type: ignore[attr-defined]
+    assert off.sampler_traits().seed_hint == ""  # type: ignore[attr-defined]
+    assert off.info().settings["prefix_cache"] is False
+    with pytest.raises(EngineRefused, match="prefix_cache=off is the sampler's"):
+        off.start()
+    with pytest.raises(EngineRefused, match="prefix_cache must be on or off, not 'maybe'"):
+        make_runner("llamacpp:prefix_cache=maybe", model, ctx)
+    traits = on.sampler_traits()  # type: ignore[attr-defined]
+    plan = make_plan(kit.oracle(1), kit.settings(["t07"], control_repetitions=0), "llama.cpp")
+    broken = Drawer(plan, traits, ignore_seed=True)  # a fresh generator each call: the seed lane fails
+    got = broken.sample(plan.passes(("repeat",)))
+    (repeat,) = [v for v in judge.determinism(plan, got, traits) if v.case_id == "repeat"]
+    assert repeat.status == "fail" and repeat.detail.endswith(f"why it may: {traits.seed_hint}")
+    fine = Drawer(plan, traits).sample(plan.passes(("repeat",)))
+    (ok,) = [v for v in judge.determinism(plan, fine, traits) if v.case_id == "repeat"]
+    assert ok.status == "pass" and "why it may" not in ok.detail

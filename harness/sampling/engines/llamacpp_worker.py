@@ -5,8 +5,8 @@ llama.cpp venv's python::
 
     python llamacpp_worker.py REQUEST.json RESULT.jsonl
 
-REQUEST.json: {"gguf", "n_ctx", "n_threads", "passes": [{"name", "requests": [{"key", "prompt_ids",
-"path", "via", "sampling": {"temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+REQUEST.json: {"gguf", "n_ctx", "n_threads", "prefix_cache", "passes": [{"name", "requests": [{"key",
+"prompt_ids", "path", "via", "sampling": {"temperature", "top_k", "top_p", "min_p", "repetition_penalty",
 "presence_penalty", "frequency_penalty", "max_tokens", "seed"}, "n"}]}]}
 
 Draw i of a request has seed ``seed + i`` (``Llama.set_seed``, as ``create_completion(seed=...)``
@@ -22,7 +22,8 @@ min_p 0.05, repeat_penalty 1.1, never apply). Two ways to run it:
   evaluates the drawn token and, for the next request, the prompt's last token again, costs a
   second of a contended CPU; this costs a millisecond.
 * ``via: "generate"`` (the requests the determinism lanes replay): ``Llama.generate`` itself, the
-  loop ``create_completion`` and the server run, with its prefix cache.
+  loop ``create_completion`` and the server run, with its prefix cache (``"prefix_cache": false``:
+  ``Llama.reset`` first, so every prompt is evaluated whole).
 
 Logprobs are ``log_softmax`` of the raw logits each token was drawn from, as create_completion
 reports them. RESULT.jsonl (:mod:`harness.engines.worker_lines`, loaded by its path: the harness is
@@ -71,7 +72,10 @@ def _chain(llm, s: dict, seed: int):
     return llm._init_sampler(**_sampler_kwargs(s))
 
 
-def generate(llm, prompt: list[int], s: dict, seed: int, eos: int) -> tuple[list[int], list[float]]:
+def generate(llm, prompt: list[int], s: dict, seed: int, eos: int,
+             prefix_cache: bool = True) -> tuple[list[int], list[float]]:
+    if not prefix_cache:
+        llm.reset()  # nothing held: the whole prompt is evaluated in one batch, as on a cold start
     llm.set_seed(seed)
     steps = int(s["max_tokens"])
     gen = llm.generate(prompt, **_sampler_kwargs(s))
@@ -139,7 +143,8 @@ def main(request_path: str, result_path: str) -> int:
     def draws(r: dict) -> tuple[list[list[int]], list[list[float]]]:
         if r.get("via", "chain") == "chain":
             return chain_draws(llm, r, eos)
-        got = [generate(llm, list(r["prompt_ids"]), r["sampling"], int(r["sampling"]["seed"]) + i, eos)
+        got = [generate(llm, list(r["prompt_ids"]), r["sampling"], int(r["sampling"]["seed"]) + i, eos,
+                        bool(req.get("prefix_cache", True)))
                for i in range(int(r["n"]))]
         return [t for t, _ in got], [lp for _, lp in got]
 

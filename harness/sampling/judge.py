@@ -227,7 +227,8 @@ def determinism(
                 if traits.seed_scope == "call"
                 else "the engine draws one request at a time: there is no batch"
             )
-            out.append(Verdict(lane, SEED, "skip", f"{SEED} {what}: not promised ({why})"))
+            out.append(Verdict(lane, SEED, "skip", f"{SEED} {what}: not promised ({why})",
+                               evidence={"not_promised": why}))
             continue
         got = results.get(lane)
         if got is None:

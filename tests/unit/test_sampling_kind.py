@@ -100,6 +100,8 @@ def test_a_parameter_the_engine_lacks_is_refused_and_not_gated(workspace: Worksp
     assert judge_record(rec, ["sampling.presence_penalty"])[0] == "refused"
     alone = next(v for v in rec.verdicts if v.comparator == "sampling.seed" and v.case_id == "alone")
     assert alone.status == "skip" and "not promised" in alone.summary
+    # a lane the engine never promised is no gap in its FEATURES cell: the repeat lane decides it
+    assert judge_record(rec, ["sampling.seed"]) == ("pass", "sampling.seed 1/1")
 
 
 def test_the_sampling_table_is_checked_naming_file_table_and_key(tmp_path: Path) -> None:

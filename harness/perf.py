@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from harness.record_paths import portable
+from harness.workspace import REPO_ROOT
+
 SCHEMA = "harness.bench/1"
 
 
@@ -155,7 +158,8 @@ def write_bench(folder: Path, record: Mapping[str, Any]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".bench-", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True, default=float)
+            json.dump(portable(record, (folder.parent.parent, REPO_ROOT)), f, indent=1, sort_keys=True,
+                      default=float)
             f.write("\n")
         n = 1
         while True:

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.api import EngineInfo, Verdict
+from harness.record_paths import portable
+from harness.workspace import REPO_ROOT
 
 SCHEMA = 2
 """2: ``EngineInfo.environment`` holds where and how an engine ran, apart from its settings; and
@@ -200,14 +202,17 @@ def record_path(records_root: Path, rec: Record) -> Path:
 
 
 def write_record(records_root: Path, rec: Record) -> Path:
-    """Write ``rec`` atomically and never over an existing record. Returns its path."""
+    """Write ``rec`` atomically and never over an existing record. Returns its path. Paths of the
+    machine that ran it are written portably (:mod:`harness.record_paths`): relative to the
+    workspace (``records_root``'s ``reports/records`` parent) or to their package."""
     path = record_path(records_root, rec)
+    workspace = records_root.parent.parent if records_root.parent.name == "reports" else records_root
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
         with os.fdopen(fd, "w") as f:
-            json.dump(rec.to_json(), f, indent=2, sort_keys=True)
+            json.dump(portable(rec.to_json(), (workspace, REPO_ROOT)), f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.record_paths import portable
 from harness.registry import Registry
+from harness.workspace import REPO_ROOT
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +93,8 @@ def write_outputs(root: Path, rows: Sequence[tuple[str, Row]],
     stamp = facts["created"].replace(":", "").replace("-", "")
     path = out_dir / f"{stamp}_{(facts.get('sha') or 'nogit')[:10]}.json"
     tmp = path.with_name("." + path.name + ".tmp")
-    tmp.write_text(json.dumps({**facts, "rows": {n: r.to_json() for n, r in rows}}, indent=2,
-                              sort_keys=True) + "\n")
+    table = portable({**facts, "rows": {n: r.to_json() for n, r in rows}}, (root, REPO_ROOT))
+    tmp.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
     doc = root / "docs" / "chaos.md"
     if not doc.exists() or BEGIN not in doc.read_text():

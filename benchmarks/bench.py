@@ -7,7 +7,7 @@ Parts (each measured in this process, on the same bytes as its limit):
 * ``compare``: strict + near-tie + vLLM rule + top-k KL (k = 5) over 10^6 positions, fused kernel vs
   the numpy kernels vs a per-token loop doing the same work (``benchmarks/compare_throughput.py``);
   goal 20 M positions/s;
-* ``full``: full-vocabulary KL + NMSE facts (:func:`harness.compare.full.row_facts`) over two
+* ``full``: full-vocabulary KL + NMSE facts (:func:`harness.compare.kernels.full.row_facts`) over two
   ``[256, 49152]`` float32 arrays (smollm2's vocabulary), against memcpy of the same bytes (one
   thread): the compiled kernel on numba's threads and on one thread, and the numpy path;
 * ``kv``: the KV gate's compare (digests first), the byte compare where digests do not settle it,
@@ -56,7 +56,7 @@ def part_compare(quick: bool) -> tuple[list[Figure], dict]:
 
 
 def part_full(quick: bool) -> tuple[list[Figure], dict]:
-    from harness.compare.full import row_facts
+    from harness.compare.kernels.full import row_facts
 
     n, v = (64 if quick else 256), 49152
     rng = np.random.default_rng(0)

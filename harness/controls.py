@@ -29,9 +29,9 @@ import numpy as np
 
 from harness import compare
 from harness.api import Case, Output, Verdict
-from harness.compare.full import FULL_MASS_TOL, row_lse
 from harness.compare.judgeable import comparator_for
-from harness.compare.planting import top_rows
+from harness.compare.kernels.full import FULL_MASS_TOL, row_lse
+from harness.compare.kernels.planting import top_rows
 from harness.compare.unit import ControlSet, Mutation, Needs, Planted, PlantedEvidence
 from harness.excerpt import NOTE, clip
 from harness.page_evidence import CaptureError

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Comparator, Output, Verdict
-from harness.compare.aligned import align
 from harness.compare.drift import DEFAULT_EDGES, Drift, DriftProfile, drift_profile
+from harness.compare.kernels.aligned import align
 from harness.compare.kl import KL, KLRows, KLStats, ModeWish, kl_rows, kl_stats
 
 FIGURES = {"kl_vs_position": "KL against position (drift)", "kld_histogram": "per-position KL histogram"}

@@ -28,8 +28,8 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.bit_exact import BitExact, plant_one_ulp
+from harness.compare.kernels.planting import plant_identity
 from harness.compare.near_tie import NearTie, plant_beyond_bar, plant_outside_topk, plant_within_bar
-from harness.compare.planting import plant_identity
 from harness.compare.strict import first_divergence
 from harness.compare.unit import ControlSet, Mutation, Needs, Plant
 from harness.controls import run_controls

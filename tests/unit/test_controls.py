@@ -11,10 +11,10 @@ import pytest
 
 from harness import compare
 from harness.api import Case, EngineInfo, Output, RunFacts, Sampling, Verdict
+from harness.compare.kernels.planting import plant_decisive_flip
 from harness.compare.kl import KL
 from harness.compare.near_tie import NearTie
 from harness.compare.nmse import NMSE
-from harness.compare.planting import plant_decisive_flip
 from harness.compare.strict import Strict
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
 from harness.controls import run_controls

@@ -1,7 +1,7 @@
 """Compiled kernels for whole-vocabulary rows: every per-row fact of two ``[n, V]`` arrays in one pass.
 
 :func:`full_rows` reads each value of both arrays once and answers what
-:func:`harness.compare.full.row_facts` answers with numpy (same formulas, same float64 accumulation):
+:func:`harness.compare.kernels.full.row_facts` answers with numpy (same formulas, same float64 accumulation):
 ``log sum exp`` of each side, ``D = sum p (c - o)``, ``sum d``, ``sum d^2``, ``sum o``, ``sum o^2``
 and each side's top id. Rows are spread over numba's threads; each row goes through in blocks of
 :data:`BLOCK` values that stay in the L1 cache, in three loops the compiler vectorises:
@@ -204,7 +204,7 @@ def compiled() -> Any:
     kernel calls (and tests may call directly).
 
     numba's ``workqueue`` threads unless ``NUMBA_THREADING_LAYER`` says otherwise (see
-    :func:`harness.compare.fused._compiled_kernel` for why)."""
+    :func:`harness.compare.kernels.fused._compiled_kernel` for why)."""
     global numba, _rows_kernel, _as_float, _exp_block, _exp_scale, _sums, _first_at
     if _rows_kernel is None and available():
         import numba as nb
@@ -229,7 +229,7 @@ def full_rows(o: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``([n, 7] float64 sums, [n, 2] int64 tops)`` of two ``[n, V]`` arrays (see :func:`_rows`)."""
     kern = compiled()
     if kern is None:
-        raise RuntimeError("numba is not installed: use harness.compare.full's numpy path")
+        raise RuntimeError("numba is not installed: use harness.compare.kernels.full's numpy path")
     o, c = np.ascontiguousarray(o), np.ascontiguousarray(c)
     n = o.shape[0]
     out = np.empty((n, 7))

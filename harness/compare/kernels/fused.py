@@ -15,7 +15,7 @@ Why compiled: numpy needs a dozen whole-array passes for the top-k lookup alone 
 compare-and-copy over ``[n, k]``), and that, not arithmetic, held it at 3-5 M positions/s on
 2 cores. The probabilities ``exp(logprob)`` are taken first by numpy (SIMD float64 exp, two passes),
 the rest in the loop. Without numba the same answers come from the numpy kernels
-(:func:`harness.compare.batch.judge_batch` and ``kl_topk_rest``).
+(:func:`harness.compare.kernels.batch.judge_batch` and ``kl_topk_rest``).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def judge_run(o_tok: np.ndarray, o_ids: np.ndarray, o_lp: np.ndarray, o_chosen: 
     s_n, length, k = o_ids.shape
     kern = _compiled_kernel() if compiled else None
     if kern is None:
-        from harness.compare.batch import judge_batch
+        from harness.compare.kernels.batch import judge_batch
         from harness.compare.kl import kl_topk_rest
 
         b = judge_batch(o_tok, o_ids, o_lp, o_chosen, c_tok, c_ids, threshold)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output
-from harness.compare.full import at, topk
+from harness.compare.kernels.full import at, topk
 from harness.compare.unit import Planted
 
 OVER_BAR = 10.0

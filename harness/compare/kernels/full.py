@@ -4,7 +4,7 @@ A full distribution is a ``[positions, vocabulary]`` float32 array whose column 
 (:attr:`harness.api.Output.full_logprobs`; often a read-only memory map of a ``.npy`` file). For a
 real vocabulary (49k-256k ids) that is 0.2-1 MB per position, so nothing here builds a dict per
 position or a float64 copy of a whole case: one pass over the values gives every per-row fact the
-comparators need (:func:`row_facts`; compiled, :mod:`harness.compare.kernels`, or numpy over slices
+comparators need (:func:`row_facts`; compiled, :mod:`harness.compare.kernels.compiled`, or numpy over slices
 of about :data:`CHUNK_ELEMENTS` values):
 
 * ``lse``: ``log sum exp(row)``, 0 for a distribution (a row that is not one is refused upstream);
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.compare import kernels
+from harness.compare.kernels import compiled as kernels
 
 LOG_FLOOR = -69.0
 """log(1e-30): -inf logprobs are clamped here so 0 * log 0 stays finite (as in top-k mode)."""
@@ -67,7 +67,7 @@ def row_facts(o: np.ndarray, c: np.ndarray, chunk_elements: int = CHUNK_ELEMENTS
     """Every per-row fact of two ``[n, V]`` logprob arrays in one pass over their values.
 
     float32 rows (what engines return) go through the compiled kernel
-    (:func:`harness.compare.kernels.full_rows`: one read of each value, a vectorised ``exp``, rows
+    (:func:`harness.compare.kernels.compiled.full_rows`: one read of each value, a vectorised ``exp``, rows
     over the cores); other dtypes, ``compiled=False``, a host without numba, and any row whose facts
     come out non-finite (NaN or +inf values) go through the numpy slices below. Both give the same
     facts within float64 rounding; the tests hold both to a naive float64 computation."""

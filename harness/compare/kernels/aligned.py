@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 
 from harness.api import Output
-from harness.compare.full import RowFacts, at, cached_row_facts, dense_from_topk
+from harness.compare.kernels.full import RowFacts, at, cached_row_facts, dense_from_topk
 from harness.compare.strict import first_divergence
 
 Alignment = Literal["teacher-forced", "until-first-divergence"]

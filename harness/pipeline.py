@@ -20,8 +20,8 @@ from harness.device import UNKNOWN, recorded_class
 from harness.device_policy import DevicePolicy, policy
 from harness.distribution import FIGURES
 from harness.goldens import Golden
-from harness.kinds import KINDS, GateKind, GateRequest, Judgement
 from harness.kinds.base import Transform
+from harness.kinds.registered import KINDS, GateKind, GateRequest, Judgement
 from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts

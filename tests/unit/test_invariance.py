@@ -43,8 +43,8 @@ from harness.invariance.run import GroupResult, TrainerResult, output_from_line,
 from harness.invariance.settings import InvarianceError, parse, verdict_name, verdict_names
 from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, inverse_control, judge_pairs
 from harness.invariance.trainer import mode_logprobs
-from harness.kinds import staleness
 from harness.kinds.invariance import Ran
+from harness.kinds.registered import staleness
 from harness.kv.config import store_settings
 from harness.pipeline import run_gate_by_name
 from harness.records import guard, load_record, vacuous_reasons
@@ -464,8 +464,8 @@ def synthetic_ran(plan: Plan, *, inverse_shift: bool = True, warm_hits: int = 32
 
 def gate(ws: Workspace, ran_of: Callable[[Plan], Ran], **kw: Any):  # noqa: ANN201
     """run_gate with the engines' results given (the plan is the kind's own)."""
-    from harness.kinds import KINDS
     from harness.kinds.base import GateRequest
+    from harness.kinds.registered import KINDS
     from harness.models import resolve_model
     from harness.suites import find_suite
 

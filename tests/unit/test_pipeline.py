@@ -13,7 +13,7 @@ from rich.console import Console
 
 from harness.api import EngineInfo, Verdict
 from harness.cli import build_parser
-from harness.kinds import KINDS, GateRequest, Judgement, staleness
+from harness.kinds.registered import KINDS, GateRequest, Judgement, staleness
 from harness.models import resolve_model
 from harness.oracle import load_or_record
 from harness.pipeline import build_record, kind_of, run_gate_by_name

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.features.cells import judge_record
-from harness.kinds import KINDS
+from harness.kinds.registered import KINDS
 from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.sampling.doubles import FAULTS, Double

@@ -96,9 +96,9 @@ def _one_thread(measure):  # noqa: ANN001, ANN202
 def part_kv(quick: bool) -> tuple[list[Figure], dict]:
     from harness.compare.byte_equal import judge_page
     from harness.kv.bench import throughput
-    from harness.kv.digest import HOST, digest_bytes
-    from harness.page_evidence import MemoryPage
-    from harness.pages import PageRef
+    from harness.kv_pages.digest import HOST, digest_bytes
+    from harness.kv_pages.evidence import MemoryPage
+    from harness.kv_pages.identity import PageRef
 
     figs, runs = [], {}
     rng = np.random.default_rng(1)

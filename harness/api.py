@@ -40,7 +40,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # types only: these modules import this one
     from harness.capabilities import Capabilities
-    from harness.page_evidence import CaseEvidence
+    from harness.kv_pages.evidence import CaseEvidence
     from harness.speed import Speed
 
 Status = Literal["pass", "fail", "error", "refused", "skip"]

@@ -34,7 +34,7 @@ from harness.compare.kernels.full import FULL_MASS_TOL, row_lse
 from harness.compare.kernels.planting import top_rows
 from harness.compare.unit import ControlSet, Mutation, Needs, Planted, PlantedEvidence
 from harness.excerpt import NOTE, clip
-from harness.page_evidence import CaptureError
+from harness.kv_pages.evidence import CaptureError
 from harness.records import GOLDEN_CHECK, Control
 
 

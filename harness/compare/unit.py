@@ -122,7 +122,7 @@ class PlantedEvidence:
     """What a mutation made of one case of a KV round trip: the evidence a page comparator judges."""
 
     evidence: Any
-    """A :class:`~harness.page_evidence.CaseEvidence`."""
+    """A :class:`~harness.kv_pages.evidence.CaseEvidence`."""
     note: str = ""
 
 

@@ -2,7 +2,7 @@
 
 Read in this order:
 
-* :mod:`harness.pages` (below this package: the comparators use it too) page identity (a hash
+* :mod:`harness.kv_pages.identity` (below this package: the comparators use it too) page identity (a hash
                    of the token prefix, never a block id), the hit rule
 * ``digest.py``    page digests in plain torch integer ops: on the GPU for a GPU cache
 * ``layout.py``    which dimension of a layer's cache tensor counts blocks, read from its shape
@@ -19,7 +19,7 @@ Read in this order:
 * ``roundtrip.py`` producer -> fresh consumer -> evidence -> verdicts, controls and figures
 * ``cuda_only.py`` a connector that moves KV to CUDA on a host without CUDA: a named skip
 * ``judge.py``     captures -> evidence, verdicts, controls, figures; ``refusal.py`` the probe's
-* :mod:`harness.page_evidence` (below this package too) what the comparators judge
+* :mod:`harness.kv_pages.evidence` (below this package too) what the comparators judge
                    (``harness.compare.byte_equal``, ``kv_hits``)
 * ``bench.py``     compare throughput next to memcpy
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.kv.digest import NAME, host_digests, page_digests
+from harness.kv_pages.digest import NAME, host_digests, page_digests
 from harness.perf import rate
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.page_evidence import CaptureError
-from harness.pages import PageRef
+from harness.kv_pages.evidence import CaptureError
+from harness.kv_pages.identity import PageRef
 
 Side = Literal["written", "restored"]
 

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 from harness.kv.capture import PageTag, Side
-from harness.kv.digest import as_page_bytes, page_digests
-from harness.kv.layout import check_ids, page_nbytes, page_shape
 from harness.kv.plan import PagePlan
-from harness.pages import PageRef
+from harness.kv_pages.digest import as_page_bytes, page_digests
+from harness.kv_pages.identity import PageRef
+from harness.kv_pages.layout import check_ids, page_nbytes, page_shape
 
 
 def gather(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0) -> torch.Tensor:
-    """The pages ``block_ids`` of ``kv`` (counted along ``block_dim``, :mod:`harness.kv.layout`) as
+    """The pages ``block_ids`` of ``kv`` (counted along ``block_dim``, :mod:`harness.kv_pages.layout`) as
     a new [P, ...] tensor on the cache's device.
 
     ``index_select`` rather than ``kv[ids]``: advanced indexing fans out to OpenMP threads even for
@@ -173,7 +173,7 @@ class CaptureWriter:
         """Record the pages ``block_ids`` of a paged cache (counted along ``block_dim``) where they
         sit: digests in place (no gather on a GPU), bytes gathered only for the pages whose bytes
         are kept."""
-        from harness.kv.digest import cache_digests
+        from harness.kv_pages.digest import cache_digests
 
         t0 = time.perf_counter()
         digests = cache_digests(kv, block_ids, block_dim)
@@ -279,7 +279,7 @@ def record_planned(capture: CaptureWriter, side: Any, layer: str, kv: torch.Tens
 
     ``expected`` (digest-only capture, restore side): page id -> the digest the producer wrote, as
     :func:`harness.kv.capture.written_digests` reads it from the producer's capture. ``block_dim``:
-    the dimension of ``kv`` that counts blocks (:class:`harness.kv.layout.BlockDims`)."""
+    the dimension of ``kv`` that counts blocks (:class:`harness.kv_pages.layout.BlockDims`)."""
     rank = worker_rank()
     refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]
     tags = [PageTag(p.req, p.case, p.lane) for p in pages]

@@ -45,12 +45,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from harness.kv.capture import PageTag
 from harness.kv.capture_write import CaptureWriter, SchedulerLog, gather, record_planned, worker_rank
 from harness.kv.config import UNREPORTED, HarnessKVConfig, chunk_size_problem
-from harness.kv.digest import as_page_bytes, page_digests
 from harness.kv.faults import FaultyStore
-from harness.kv.layout import block_dims, check_ids, layer_tensor, page_shape
 from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 from harness.kv.store import PageRead, PageStore
-from harness.pages import PageRef, prefix_keys
+from harness.kv_pages.digest import as_page_bytes, page_digests
+from harness.kv_pages.identity import PageRef, prefix_keys
+from harness.kv_pages.layout import block_dims, check_ids, layer_tensor, page_shape
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -1,5 +1,5 @@
 """Turning the two phases' captures into evidence, verdicts, controls and figures: per case the
-pages expected, written and restored (:class:`~harness.page_evidence.CaseEvidence`), judged by
+pages expected, written and restored (:class:`~harness.kv_pages.evidence.CaseEvidence`), judged by
 ``byte_equal`` / ``kv_hits`` and the token comparators, the planted-fault lanes and in-memory
 controls that prove those verdicts can fail, and the run's figures (capture overhead, throughput)."""
 
@@ -22,8 +22,8 @@ from harness.kv.config import UNREPORTED
 from harness.kv.faults import read_planted
 from harness.kv.passes import Phase
 from harness.kv.plan import first_block_in_window
-from harness.page_evidence import CaseEvidence, Page, Problem
-from harness.pages import PageRef, expected_hit_tokens, prefix_keys
+from harness.kv_pages.evidence import CaseEvidence, Page, Problem
+from harness.kv_pages.identity import PageRef, expected_hit_tokens, prefix_keys
 from harness.records import Control
 from harness.suites import ComparatorSpec
 

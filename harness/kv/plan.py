@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.pages import blocks_completed, prefix_keys
+from harness.kv_pages.identity import blocks_completed, prefix_keys
 
 TAGS_KEY = "harness_kv"
 NULL_BLOCK_ID = 0

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.kv.digest import digest_bytes, matches
+from harness.kv_pages.digest import digest_bytes, matches
 
 
 @dataclass(frozen=True, slots=True)

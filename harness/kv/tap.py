@@ -32,8 +32,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from harness.kv.capture_write import CaptureWriter, SchedulerLog, record_planned, worker_rank
 from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
-from harness.kv.layout import block_dims, layer_tensor
 from harness.kv.plan import PagePlan, RequestTracker, attention_layers, groups_of, log_setup
+from harness.kv_pages.layout import block_dims, layer_tensor
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.kv import digest_triton
-from harness.kv.layout import check_ids
+from harness.kv_pages import digest_triton
+from harness.kv_pages.layout import check_ids
 
 try:
     from xxhash import xxh3_128_hexdigest as _xxh128
@@ -106,7 +106,7 @@ def page_digests(pages: torch.Tensor) -> list[str]:
     """One digest per leading index of ``pages`` ([P, ...], any dtype, any device).
 
     Pages on a GPU are digested there (``mx128``), by the fused Triton kernel
-    (:mod:`harness.kv.digest_triton`) when Triton is installed, else by torch integer ops; pages in
+    (:mod:`harness.kv_pages.digest_triton`) when Triton is installed, else by torch integer ops; pages in
     host memory by :func:`host_digests` (``xxh128``, or ``mx128`` in numpy without ``xxhash``), on
     the calling thread: small torch ops fan out to OpenMP threads that contend with the engine's own
     on a busy CPU host.
@@ -135,8 +135,8 @@ def _host_bytes(pages: torch.Tensor) -> np.ndarray:
 def cache_digests(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0) -> list[str]:
     """Digests of the pages ``block_ids`` of a paged cache tensor, read where they sit: on a GPU by
     the fused kernel without gathering them first; elsewhere gathered, then :func:`page_digests`.
-    ``block_dim``: the dimension that counts blocks (:mod:`harness.kv.layout`); block ids it does not
-    hold are a :class:`~harness.kv.layout.CacheLayoutError`."""
+    ``block_dim``: the dimension that counts blocks (:mod:`harness.kv_pages.layout`); block ids it does not
+    hold are a :class:`~harness.kv_pages.layout.CacheLayoutError`."""
     check_ids(kv, block_ids, block_dim)
     if kv.device.type != "cpu" and digest_triton.available(kv.device) and kv.is_contiguous():
         try:
@@ -152,7 +152,8 @@ def cache_digests(kv: torch.Tensor, block_ids: Sequence[int], block_dim: int = 0
 def fused_lane_sums(kv: torch.Tensor, block_ids: Any, layout: digest_triton.PageLayout | None = None,
                     sums: torch.Tensor | None = None, **knobs: Any) -> torch.Tensor:
     """The fused kernel's ``[pages, 4]`` int32 lane sums of pages ``block_ids`` of ``kv`` (its
-    device), with this module's coefficients; ``knobs``: see :func:`harness.kv.digest_triton.lane_sums`."""
+    device), with this module's coefficients; ``knobs``: see
+    :func:`harness.kv_pages.digest_triton.lane_sums`."""
     layout = layout or digest_triton.layout_of(kv)
     return digest_triton.lane_sums(kv, block_ids, coefficients(layout.words, str(kv.device)), layout, sums,
                                    **knobs)

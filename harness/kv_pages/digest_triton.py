@@ -1,6 +1,6 @@
 """The ``mx128`` page digest as one fused Triton kernel, reading pages where they sit in the cache.
 
-Same arithmetic as :mod:`harness.kv.digest` (four 32-bit lanes, ``K * sum (y ^ (y >> 15)) mod 2**32``
+Same arithmetic as :mod:`harness.kv_pages.digest` (four 32-bit lanes, ``K * sum (y ^ (y >> 15)) mod 2**32``
 with ``y = w_i * a_i``), so its lane sums, finished on the host, equal the host digest of the same
 bytes bit for bit. Two kernels, the same bits:
 
@@ -235,7 +235,7 @@ def lane_sums(kv: torch.Tensor, block_ids: torch.Tensor | Any, coef: torch.Tenso
     """``[len(block_ids), 4]`` int32 lane sums of the pages ``block_ids`` of ``kv``, on its device,
     without copying a page (launch only: the result is ready when the stream reaches it).
 
-    ``coef``: the ``[4, words]`` position coefficients (:func:`harness.kv.digest.coefficients`);
+    ``coef``: the ``[4, words]`` position coefficients (:func:`harness.kv_pages.digest.coefficients`);
     ``sums`` (zeroed here) may be given to reuse one buffer across calls. ``variant`` ``rows`` takes
     ``rows``, ``row_block``, ``stages``, ``row_warps``; ``tiles`` takes ``block``, ``pages``,
     ``num_warps``, ``unroll``, ``partials`` (module docstring).

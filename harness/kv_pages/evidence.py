@@ -1,6 +1,6 @@
 """What one case of a KV round trip left behind: the facts the KV comparators judge.
 
-Below the comparators and the contracts (it imports only :mod:`harness.pages`), so that
+Below the comparators and the contracts (it imports only :mod:`harness.kv_pages.identity`), so that
 :mod:`harness.api` and :mod:`harness.compare` can name these types without reaching up into
 :mod:`harness.kv`, which uses both.
 
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from harness.pages import PageRef
+from harness.kv_pages.identity import PageRef
 
 
 class CaptureError(ValueError):

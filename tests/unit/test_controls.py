@@ -345,9 +345,9 @@ def test_token_mutations_change_the_text_too_so_text_only_strict_is_guarded() ->
 
 def evidence(n: int = 4, size: int = 64, pages: list[bytes] | None = None):  # noqa: ANN201
     """One case's KV evidence: ``n`` pages written (and restored as written), chunk 32."""
-    from harness.kv.digest import digest_bytes
-    from harness.page_evidence import CaseEvidence, MemoryPage
-    from harness.pages import PageRef
+    from harness.kv_pages.digest import digest_bytes
+    from harness.kv_pages.evidence import CaseEvidence, MemoryPage
+    from harness.kv_pages.identity import PageRef
 
     rng = np.random.default_rng(0)
     data = pages if pages is not None else [rng.integers(0, 256, size, dtype=np.uint8).tobytes()

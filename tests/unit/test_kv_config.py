@@ -43,7 +43,7 @@ def test_connector_specs_in_every_accepted_form() -> None:
     ("harness.kv.nope:MyConnector", ["module 'harness.kv.nope'", "'MyConnector'", "cannot be imported"]),
     (f"{EXAMPLE}:ExampleConector", ["class 'ExampleConector'", f"module '{EXAMPLE}'", "ExampleConnector"]),
     ("ExampleConector", ["'ExampleConector'", "not registered", "Did you mean ExampleConnector"]),
-    ("harness.pages:PageRef", ["harness.pages:PageRef", "not a vLLM v1 KV connector"]),
+    ("harness.kv_pages.identity:PageRef", ["harness.kv_pages.identity:PageRef", "not a vLLM v1 KV connector"]),
     (":X", ["expected module.path:ClassName"]),
 ])
 def test_an_unknown_connector_names_both_module_and_class(spec: str, needles: list[str]) -> None:

@@ -17,7 +17,7 @@ from harness.kv.load import flip_requests, load_requests
 from harness.kv.load_judge import BIT_EXACT, EVIDENCE, GATES, NEAR_TIE, PAGES, judge_load
 from harness.kv.passes import Phase
 from harness.kv.settings import LoadSettings
-from harness.pages import PageRef, prefix_keys
+from harness.kv_pages.identity import PageRef, prefix_keys
 from harness.suites import SuiteError
 from harness.tomlcheck import Where
 from tests.pins import PIN

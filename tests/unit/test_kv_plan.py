@@ -19,7 +19,7 @@ from harness.kv.plan import (
     first_block_in_window,
     groups_of,
 )
-from harness.pages import prefix_keys
+from harness.kv_pages.identity import prefix_keys
 
 PROMPT = list(range(10, 110))  # 100 tokens: blocks [0,32) [32,64) [64,96) are full
 

@@ -14,7 +14,7 @@ from harness.kv.judge import Judge
 from harness.kv.passes import Phase, consumer_passes, producer_passes
 from harness.kv.refusal import refusal_controls, refusal_verdicts
 from harness.kv.settings import KVSettings
-from harness.pages import PageRef, prefix_keys
+from harness.kv_pages.identity import PageRef, prefix_keys
 from tests.pins import PIN
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]

@@ -18,9 +18,9 @@ from typing import Any
 from harness.api import Runner
 from harness.device import UNKNOWN, recorded_class
 from harness.device_policy import DevicePolicy, policy
-from harness.distribution import FIGURES
 from harness.goldens import Golden
 from harness.kinds.base import Transform
+from harness.kinds.distribution import FIGURES
 from harness.kinds.registered import KINDS, GateKind, GateRequest, Judgement
 from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts

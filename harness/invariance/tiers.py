@@ -9,7 +9,7 @@ is judged but answers ``skip``, saying why.
 
 Two kinds of controls prove the tiers can fail, per variant:
 
-* **planted faults** (:data:`FAULTS`, registered like :mod:`harness.controls`): the variant's
+* **planted faults** (:data:`FAULTS`, registered like :mod:`harness.kinds.controls`): the variant's
   reference perturbed at one position must fail bit-exact, and pass or fail near-tie as its gap
   says (one logprob one ulp lower: near-tie passes; the runner-up within the bar: passes; beyond
   the bar or outside the top-k: fails), and an unperturbed copy must pass both;
@@ -32,9 +32,9 @@ from harness.compare.kernels.planting import plant_identity
 from harness.compare.near_tie import NearTie, plant_beyond_bar, plant_outside_topk, plant_within_bar
 from harness.compare.strict import first_divergence
 from harness.compare.unit import ControlSet, Mutation, Needs, Plant
-from harness.controls import run_controls
 from harness.excerpt import clip
 from harness.invariance.settings import TIERS, verdict_name
+from harness.kinds.controls import run_controls
 from harness.records import Control
 from harness.registry import Registry
 

@@ -41,10 +41,10 @@ from harness.compare import build
 from harness.compare.explain import engine_error
 from harness.compare.kl import KL
 from harness.compare.nmse import tensor_verdict
-from harness.controls import suite_controls
-from harness.distribution import Distribution, judge_run, measure_arm
 from harness.engines import RunnerContext, make_runner, parse_options, split_spec
 from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.controls import suite_controls
+from harness.kinds.distribution import Distribution, judge_run, measure_arm
 from harness.models import ModelRef
 from harness.staleness import reference_reasons
 from harness.stats import AccuracyTest, StatsError

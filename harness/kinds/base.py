@@ -23,7 +23,7 @@ from harness.suites import Suite
 from harness.workspace import Workspace
 
 if TYPE_CHECKING:
-    from harness.distribution import Distribution
+    from harness.kinds.distribution import Distribution
     from harness.speed import Speed
 
 Transform = Callable[[Sequence[Output]], list[Output]]

@@ -28,7 +28,6 @@ from typing import Any
 from harness import compare
 from harness.api import Case, EngineInfo, Output, Verdict, failure_verdicts
 from harness.compare import build
-from harness.controls import run_controls
 from harness.engines.base import coerce, parse_options, split_spec
 from harness.excerpt import INLINE, first_line
 from harness.invariance.pairs import PAIRS, VariantRun
@@ -44,6 +43,7 @@ from harness.invariance.tiers import (
 )
 from harness.invariance.trainer import describe, transform
 from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.controls import run_controls
 from harness.kv.config import store_settings
 from harness.provenance import now_utc
 from harness.records import Control

@@ -16,7 +16,7 @@ from harness.api import Case, Comparator, Output, PageComparator, Verdict
 from harness.compare.byte_equal import ByteEqual
 from harness.compare.kv_hits import KVHits
 from harness.compare.strict import first_divergence
-from harness.controls import run_controls
+from harness.kinds.controls import run_controls
 from harness.kv.capture import CaptureError
 from harness.kv.config import UNREPORTED
 from harness.kv.faults import read_planted
@@ -163,7 +163,7 @@ class Judge:
 
     def memory_controls(self, evs: Mapping[str, CaseEvidence], golden: Mapping[str, Output],
                         cases: Sequence[Case], specs: Sequence[ComparatorSpec]) -> list[Control]:
-        """Every comparator's own controls (:mod:`harness.controls`), in memory: a page comparator's
+        """Every comparator's own controls (:mod:`harness.kinds.controls`), in memory: a page comparator's
         planted in a perfect restore of each case's real captured pages, the others in the goldens."""
         out: list[Control] = []
         for spec in specs:

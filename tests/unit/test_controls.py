@@ -17,9 +17,9 @@ from harness.compare.near_tie import NearTie
 from harness.compare.nmse import NMSE
 from harness.compare.strict import Strict
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
-from harness.controls import run_controls
 from harness.features import generate
 from harness.goldens import read_golden
+from harness.kinds.controls import run_controls
 from harness.pipeline import run_gate_by_name
 from harness.records import GOLDEN_CHECK, UNGUARDED, failed_positive, guard, vacuous_reasons
 from harness.workspace import REPO_ROOT
@@ -405,7 +405,7 @@ def test_degenerate_page_captures_are_vacuous(captured, needle: str) -> None:  #
 
 def test_suite_controls_follow_the_candidates_capabilities() -> None:
     from harness.capabilities import Capabilities
-    from harness.controls import suite_controls
+    from harness.kinds.controls import suite_controls
     from harness.suites import find_suite
 
     suite = find_suite(REPO_ROOT / "suites", "smoke")

@@ -20,7 +20,6 @@ from harness.compare import build, unit
 from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
 from harness.compare.rl_logprobs import RUN, RLLogprobs, rl_stats
-from harness.controls import run_controls
 from harness.engines.procs import Exited
 from harness.engines.worker_lines import Lines
 from harness.features.catalog import load_catalog
@@ -43,6 +42,7 @@ from harness.invariance.run import GroupResult, TrainerResult, output_from_line,
 from harness.invariance.settings import InvarianceError, parse, verdict_name, verdict_names
 from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, inverse_control, judge_pairs
 from harness.invariance.trainer import mode_logprobs
+from harness.kinds.controls import run_controls
 from harness.kinds.invariance import Ran
 from harness.kinds.registered import staleness
 from harness.kv.config import store_settings

@@ -132,7 +132,7 @@ def test_speed_is_opt_in_and_says_how_to_ask(workspace: Workspace, monkeypatch: 
         calls.append(c)
         return Speed(c, len(cases), 256, 0.5, (), "vllm-offline")
 
-    monkeypatch.setattr("harness.kinds.parity.measure_speed", fake_oracle_speed)
+    monkeypatch.setattr("harness.kinds.parity.kind.measure_speed", fake_oracle_speed)
     rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False).record
     assert calls == []
     assert rec.extra["speed"]["statement"].endswith("oracle speed not measured (make gate SPEED=1, "

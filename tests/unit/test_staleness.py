@@ -176,7 +176,7 @@ def test_every_registered_gate_kind_carries_its_own_staleness_rule(workspace: Wo
 
 
 def test_a_gate_kind_without_a_staleness_rule_is_refused() -> None:
-    from harness.kinds.parity import Parity
+    from harness.kinds.parity.kind import Parity
     from harness.kinds.registered import KINDS, register_kind
 
     class Forgetful:  # every part of a gate kind but the staleness rule

@@ -9,7 +9,7 @@ Two, both gated whenever they apply, whatever the suite configures:
 
 What they need comes from the candidate's :class:`~harness.capabilities.Capabilities`
 (``prompts``, ``served_prompt_ids``, ``request``, ``left_to_server``). ``greedy`` carries
-planted-mutation controls like every gated comparator (see :mod:`harness.controls`): a chosen token
+planted-mutation controls like every gated comparator (see :mod:`harness.kinds.controls`): a chosen token
 moved below its top-1 must fail, the oracle's own greedy outputs must pass; so does ``tokenizer``:
 the oracle's prompt ids with one token changed or one prepended must fail, as they are must pass.
 """
@@ -27,7 +27,7 @@ from harness.compare.greedy import KEY as GREEDY
 from harness.compare.greedy import Greedy
 from harness.compare.tokenizer import KEY as TOKENIZER
 from harness.compare.tokenizer import tokenizer_verdict
-from harness.controls import run_controls
+from harness.kinds.controls import run_controls
 from harness.records import Control
 
 CHECKS = (TOKENIZER, GREEDY)

@@ -15,13 +15,13 @@ from typing import Any
 
 from harness.api import Case, EngineFailed, EngineRefused, Output, RunFacts, Status, Verdict, failure_verdicts
 from harness.capabilities import Capabilities
-from harness.checks import candidate_checks, check_controls, check_gates, checks_summary
 from harness.compare.judgeable import capability_extra, comparator_for, impossible, impossible_verdict, needs
-from harness.controls import suite_controls
-from harness.distribution import Distribution, judge_run, wants_scores
 from harness.engines import RunnerContext, make_runner
 from harness.goldens import Golden
 from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.controls import suite_controls
+from harness.kinds.distribution import Distribution, judge_run, wants_scores
+from harness.kinds.parity.checks import candidate_checks, check_controls, check_gates, checks_summary
 from harness.oracle import load_or_record, measure_speed
 from harness.speed import OracleSpeed, Speed, speed_extra
 from harness.staleness import oracle_reasons

@@ -206,7 +206,7 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
            **kw: Any) -> GateResult:
     """An A/B gate: ``b_spec`` judged against the reference configuration ``a_spec``.
 
-    ``arms``: (A, B) :class:`~harness.kinds.ab.Arm` s that already ran (one A serves several Bs);
+    ``arms``: (A, B) :class:`~harness.kinds.ab.kind.Arm` s that already ran (one A serves several Bs);
     ``transform_b`` rewrites B's scores before judging (planted mutations in tests)."""
     return run_gate_by_name(ws, model_name, suite_name, b_spec, reference=a_spec, transform=transform_b,
                             options={"arms": arms} if arms is not None else None, **kw)

@@ -42,12 +42,12 @@ from harness.compare.explain import engine_error
 from harness.compare.kl import KL
 from harness.compare.nmse import tensor_verdict
 from harness.engines import RunnerContext, make_runner, parse_options, split_spec
+from harness.kinds.ab.stats import AccuracyTest, StatsError
 from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.kinds.controls import suite_controls
 from harness.kinds.distribution import Distribution, judge_run, measure_arm
 from harness.models import ModelRef
 from harness.staleness import reference_reasons
-from harness.stats import AccuracyTest, StatsError
 from harness.suites import Suite, SuiteError
 from harness.tomlcheck import Where, check_keys, need_int, need_number, need_table
 from harness.workspace import Workspace

@@ -17,10 +17,10 @@ from harness.cli import main
 from harness.commands.localize import localize
 from harness.engines import make_runner
 from harness.goldens import golden_dir, read_golden
-from harness.kinds.localize import Localize, divergences, targets_of
-from harness.localize.oracle import cache_path, cache_root, golden_sequence, read_cached, write_cached
-from harness.localize.plant import plant
-from harness.localize.profile import (
+from harness.kinds.localize.kind import Localize, divergences, targets_of
+from harness.kinds.localize.oracle import cache_path, cache_root, golden_sequence, read_cached, write_cached
+from harness.kinds.localize.plant import plant
+from harness.kinds.localize.profile import (
     DEFAULT_BAR,
     DEFAULT_FLOOR,
     controls_of,
@@ -66,7 +66,7 @@ def test_the_profile_names_the_first_tensor_over_the_floor_and_says_if_it_is_und
 
 
 def test_the_localizers_controls_bite(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.localize.profile import Profile
+    from harness.kinds.localize.profile import Profile
 
     o = _tensors()
     ctl = controls_of(o, 12, 10, DEFAULT_BAR, DEFAULT_FLOOR)

@@ -120,7 +120,7 @@ class Parity:
     digest."""
     tables: tuple[str, ...] = ("localize",)
     """``[localize]``: the diagnosis of this suite's failures (``nmse_bar``, ``nmse_floor``, ``auto``;
-    :mod:`harness.kinds.localize`)."""
+    :mod:`harness.kinds.localize.kind`)."""
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         t0 = time.perf_counter()

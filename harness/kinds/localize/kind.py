@@ -4,9 +4,9 @@ For each case of a parity record whose generation diverged (strictly: the near-t
 forgiven it), both engines run the same sequence, teacher-forced: the prompt and the oracle's
 tokens up to and including the first divergent one. Each taps the residual stream after every
 layer's attention and MLP (or MoE) sub-block, the final norm and the logits
-(:mod:`harness.engines.layer_taps`); :mod:`harness.localize.profile` finds the first tensor over
+(:mod:`harness.engines.layer_taps`); :mod:`harness.kinds.localize.profile` finds the first tensor over
 the floor (where they part) and the first over the bar. The oracle's tensors come from the pinned
-vLLM (cached: :mod:`harness.localize.oracle`), the candidate's from its
+vLLM (cached: :mod:`harness.kinds.localize.oracle`), the candidate's from its
 :class:`~harness.abilities.TensorSource`; an engine that cannot expose tensors makes the diagnosis
 ``refused`` with its reason.
 
@@ -29,8 +29,8 @@ from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Verdict, 
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.goldens import Golden
 from harness.kinds.base import GateRequest, Judgement, register_kind
-from harness.localize.oracle import OracleTensors, golden_sequence, oracle_tensors
-from harness.localize.profile import Profile, controls_of, order_by, profile, sci, settings
+from harness.kinds.localize.oracle import OracleTensors, golden_sequence, oracle_tensors
+from harness.kinds.localize.profile import Profile, controls_of, order_by, profile, sci, settings
 from harness.oracle import load_or_record
 from harness.records import Control, Record
 from harness.staleness import Current, oracle_reasons

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import (
+from harness.kinds.api.facets.base import (
     FACETS,
     NEXT,
     Context,
@@ -22,7 +22,7 @@ from harness.apisurface.facets.base import (
     seen,
     verdict,
 )
-from harness.apisurface.views import View
+from harness.kinds.api.views import View
 
 
 def ordinary(text: str) -> dict[str, Any]:

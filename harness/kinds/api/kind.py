@@ -10,7 +10,7 @@ tool-call parser): the oracle's plain generations, then every facet's probes pla
 sent to it; the planted controls through the fault proxy in front of it; the candidate — the same
 server again when it is the pinned ``vllm-server`` (one start per model per run), else, once the
 oracle has stopped, the candidate's own server — receives the very same probes.
-judge: one comparator per facet (:mod:`harness.apisurface.facets`), ``api.<facet>``; the controls;
+judge: one comparator per facet (:mod:`harness.kinds.api.facets`), ``api.<facet>``; the controls;
 the logprob contract of both servers as a table; every request and reply kept beside the record.
 """
 
@@ -25,16 +25,16 @@ from typing import Any
 
 from harness.abilities import Endpoint, ServesOpenAI
 from harness.api import EngineFailed, EngineInfo, EngineRefused, Runner, Verdict, failure_verdicts
-from harness.apisurface.facets import FACETS, Context, Probe, comparator
-from harness.apisurface.facets.logprobs import table
-from harness.apisurface.observe import observe
-from harness.apisurface.proxy import FAULTS
-from harness.apisurface.reference import Reference
-from harness.apisurface.settings import ApiSettings, api_settings
-from harness.apisurface.surface import base_probes, control, judge, ordinary_text, plan, with_base
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.engines.openai.transport import Exchange
 from harness.excerpt import first_line
+from harness.kinds.api.facets import FACETS, Context, Probe, comparator
+from harness.kinds.api.facets.logprobs import table
+from harness.kinds.api.observe import observe
+from harness.kinds.api.proxy import FAULTS
+from harness.kinds.api.reference import Reference
+from harness.kinds.api.settings import ApiSettings, api_settings
+from harness.kinds.api.surface import base_probes, control, judge, ordinary_text, plan, with_base
 from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.oracle import oracle_spec
 from harness.records import Control, Record

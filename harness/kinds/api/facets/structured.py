@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import FACETS, Context, Observed, Probe, chat, completion, seen, verdict
-from harness.apisurface.facets.template import no_free_whitespace
-from harness.apisurface.reference import Reference
-from harness.apisurface.views import View, first_difference
+from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, chat, completion, seen, verdict
+from harness.kinds.api.facets.template import no_free_whitespace
+from harness.kinds.api.reference import Reference
+from harness.kinds.api.views import View, first_difference
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import FACETS, Context, Observed, Probe, chat, seen, verdict
-from harness.apisurface.views import View, first_difference
+from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, chat, seen, verdict
+from harness.kinds.api.views import View, first_difference
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import FACETS, Context, Observed, Probe, chat, completion, seen, verdict
-from harness.apisurface.reference import Reference
-from harness.apisurface.views import View, token_id
+from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, chat, completion, seen, verdict
+from harness.kinds.api.reference import Reference
+from harness.kinds.api.views import View, token_id
 
 K = 5
 TOL = 2e-3

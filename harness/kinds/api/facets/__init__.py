@@ -1,7 +1,7 @@
 """The facets of the API surface, one module each, registered in :data:`FACETS` in the order a run
 sends them (robustness last: its requests may kill the server)."""
 
-from harness.apisurface.facets import (  # noqa: F401 - each module registers its facet
+from harness.kinds.api.facets import (  # noqa: F401 - each module registers its facet
     detokenization,
     logprobs,
     robustness,
@@ -11,6 +11,6 @@ from harness.apisurface.facets import (  # noqa: F401 - each module registers it
     template,
     tools,
 )
-from harness.apisurface.facets.base import FACETS, Context, Facet, Observed, Probe, comparator
+from harness.kinds.api.facets.base import FACETS, Context, Facet, Observed, Probe, comparator
 
 __all__ = ["FACETS", "Context", "Facet", "Observed", "Probe", "comparator"]

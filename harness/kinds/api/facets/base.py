@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from harness.api import Status, Verdict
-from harness.apisurface.reference import Reference
-from harness.apisurface.views import View, view
 from harness.engines.openai.transport import Exchange
+from harness.kinds.api.reference import Reference
+from harness.kinds.api.views import View, view
 from harness.registry import Registry
 
 if TYPE_CHECKING:  # types only: the settings validate facet names against FACETS
-    from harness.apisurface.settings import ApiSettings
+    from harness.kinds.api.settings import ApiSettings
 
 FACET_HEADER = "X-Harness-Facet"
 """Every request names its facet in this header (servers ignore it; the planted-fault proxy reads it)."""
@@ -142,7 +142,7 @@ def same_generation(o: View, c: View) -> tuple[bool, str]:
     if not c.ok:
         return False, f"no answer: {c.error}"
     if o.token_ids is not None and c.token_ids is not None and o.token_ids != c.token_ids:
-        from harness.apisurface.views import first_difference
+        from harness.kinds.api.views import first_difference
 
         i = first_difference(o.token_ids, c.token_ids)
         return False, (f"tokens differ at {i}: oracle {_at(o.token_ids, i)} candidate {_at(c.token_ids, i)}")

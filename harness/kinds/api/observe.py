@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harness.abilities import Endpoint
-from harness.apisurface.facets.base import FACET_HEADER, NEXT, Probe
-from harness.apisurface.facets.robustness import ordinary
 from harness.engines.openai.options import OpenAIOptions
 from harness.engines.openai.transport import Exchange, Transport
+from harness.kinds.api.facets.base import FACET_HEADER, NEXT, Probe
+from harness.kinds.api.facets.robustness import ordinary
 
 TIMEOUT_S = 120.0
 

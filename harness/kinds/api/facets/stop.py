@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import (
+from harness.kinds.api.facets.base import (
     FACETS,
     Context,
     Observed,
@@ -19,8 +19,8 @@ from harness.apisurface.facets.base import (
     seen,
     verdict,
 )
-from harness.apisurface.reference import Reference
-from harness.apisurface.views import View
+from harness.kinds.api.reference import Reference
+from harness.kinds.api.views import View
 
 
 def boundary_stop(ref: Reference, base: View) -> tuple[str, int] | None:

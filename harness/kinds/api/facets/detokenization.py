@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import FACETS, Context, Observed, Probe, completion, seen, verdict
+from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, completion, seen, verdict
 
 FAST_NOTE = (
     "spaces_between_special_tokens changes nothing for a fast (Rust) tokenizer, which has no "

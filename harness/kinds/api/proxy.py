@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from harness.apisurface.facets.base import FACET_HEADER
+from harness.kinds.api.facets.base import FACET_HEADER
 
 Json = dict[str, Any]
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.api import Verdict
-from harness.apisurface.facets.base import FACETS, Context, Observed, Probe, chat, seen, verdict
-from harness.apisurface.facets.template import TOOLS, conversations, evidence, no_free_whitespace
-from harness.apisurface.views import View
+from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, chat, seen, verdict
+from harness.kinds.api.facets.template import TOOLS, conversations, evidence, no_free_whitespace
+from harness.kinds.api.views import View
 
 
 def calls(v: View) -> list[tuple[Any, Any]] | str:

@@ -9,11 +9,11 @@ from dataclasses import replace
 
 from harness.abilities import Endpoint
 from harness.api import Verdict
-from harness.apisurface.facets import FACETS, Context, Observed, Probe, comparator
-from harness.apisurface.facets.base import completion
-from harness.apisurface.observe import observe
-from harness.apisurface.proxy import Fault, proxy
-from harness.apisurface.views import view
+from harness.kinds.api.facets import FACETS, Context, Observed, Probe, comparator
+from harness.kinds.api.facets.base import completion
+from harness.kinds.api.observe import observe
+from harness.kinds.api.proxy import Fault, proxy
+from harness.kinds.api.views import view
 from harness.records import Control
 
 

@@ -12,7 +12,7 @@ Parts (each measured in this process, on the same bytes as its limit):
   thread): the compiled kernel on numba's threads and on one thread, and the numpy path;
 * ``kv``: the KV gate's compare (digests first), the byte compare where digests do not settle it,
   the diff of pages one byte apart, and the host page digests (``xxh128``; ``mx128``, the fallback),
-  against memcpy of the same bytes (:func:`harness.kv.bench.throughput`), on 64 KiB pages (an 8B
+  against memcpy of the same bytes (:func:`harness.kinds.kv.bench.throughput`), on 64 KiB pages (an 8B
   model's block) and 16 KiB pages (tiny-llama's); the written and restored copies of a page are
   separate buffers, as when read back from two capture files;
 * ``gate``: ``make gate MODEL=tiny-llama SPEED=0`` (committed goldens, the transformers candidate),
@@ -95,7 +95,7 @@ def _one_thread(measure):  # noqa: ANN001, ANN202
 
 def part_kv(quick: bool) -> tuple[list[Figure], dict]:
     from harness.compare.byte_equal import judge_page
-    from harness.kv.bench import throughput
+    from harness.kinds.kv.bench import throughput
     from harness.kv_pages.digest import HOST, digest_bytes
     from harness.kv_pages.evidence import MemoryPage
     from harness.kv_pages.identity import PageRef

@@ -46,7 +46,7 @@ def current_record(ws: Workspace, model: ModelRef, suite: Suite, version: str, c
 
     pinned = oracle_pin().version == version
     if connector is not None:
-        from harness.kv.config import parse_connector
+        from harness.kinds.kv.config import parse_connector
 
         text = parse_connector(connector).text
         names = {f"vllm@{version}/{text}"} | ({text} if pinned else set())

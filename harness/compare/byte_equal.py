@@ -7,7 +7,7 @@ restored outside the expected range, or one the producer never wrote, is ``extra
 the store could not serve because its file is truncated or corrupted, or a capture file that cannot
 be read back, is an ``error`` naming that page: never a silent pass.
 
-It judges KV pages, not generated tokens: the KV round trip (:mod:`harness.kv.roundtrip`) calls
+It judges KV pages, not generated tokens: the KV round trip (:mod:`harness.kinds.kv.roundtrip`) calls
 :meth:`ByteEqual.judge_kv` with one case's :class:`~harness.kv_pages.evidence.CaseEvidence`.
 """
 

@@ -109,12 +109,12 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
     comp = raw.get("compare")
     kv = raw.get("kv")
     if isinstance(kv, dict) and isinstance(kv.get("load"), dict):  # the KV load lane names its own
-        from harness.kv.settings import LOAD_VERDICTS
+        from harness.kinds.kv.settings import LOAD_VERDICTS
 
         return list(LOAD_VERDICTS)
     if isinstance(kv, dict) and isinstance(kv.get("faults"), dict):  # the fault lane: one per fault
-        from harness.kv.fault_inject import BY_NAME
-        from harness.kv.fault_verdict import comparator
+        from harness.kinds.kv.faults.inject import BY_NAME
+        from harness.kinds.kv.faults.verdict import comparator
 
         return [comparator(f) for f in kv["faults"].get("faults", list(BY_NAME))]
     if raw.get("kind") == "invariance":  # its verdicts are named per variant and tier

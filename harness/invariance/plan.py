@@ -80,8 +80,8 @@ def rollout_key(case_id: str, seed: int) -> str:
 
 KVStore = Callable[[Mapping[str, Any], int], dict[str, Any]]
 """(base configuration, chunk size) -> that configuration with the harness KV store as producer and
-consumer at once (:func:`harness.kv.config.store_settings`; the gate kind binds the store's folder,
-so this package never imports :mod:`harness.kv`, which uses it)."""
+consumer at once (:func:`harness.kinds.kv.config.store_settings`; the gate kind binds the store's folder,
+so this package never imports :mod:`harness.kinds.kv`, which uses it)."""
 
 
 def make_plan(s: InvarianceSettings, cases: Sequence[Case], base: Mapping[str, Any],

@@ -44,7 +44,7 @@ from harness.invariance.tiers import (
 from harness.invariance.trainer import describe, transform
 from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.kinds.controls import run_controls
-from harness.kv.config import store_settings
+from harness.kinds.kv.config import store_settings
 from harness.provenance import now_utc
 from harness.records import Control
 from harness.staleness import invariance_reasons

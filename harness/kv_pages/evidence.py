@@ -2,9 +2,9 @@
 
 Below the comparators and the contracts (it imports only :mod:`harness.kv_pages.identity`), so that
 :mod:`harness.api` and :mod:`harness.compare` can name these types without reaching up into
-:mod:`harness.kv`, which uses both.
+:mod:`harness.kinds.kv`, which uses both.
 
-Built by :mod:`harness.kv.roundtrip` from the two phases' captures and the engines' outputs; judged
+Built by :mod:`harness.kinds.kv.roundtrip` from the two phases' captures and the engines' outputs; judged
 by ``byte_equal`` (pages) and ``kv_hits`` (how many prompt tokens the connector really served).
 """
 
@@ -22,7 +22,7 @@ class CaptureError(ValueError):
 
 
 class Page(Protocol):
-    """A captured page: :class:`harness.kv.capture.CapturedPage`, or an in-memory one for controls."""
+    """A captured page: :class:`harness.kinds.kv.capture.CapturedPage`, or an in-memory one for controls."""
 
     ref: PageRef
     digest: str

@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.kv.capture import PageTag, read_capture  # noqa: E402
-from harness.kv.capture_write import CaptureWriter  # noqa: E402
+from harness.kinds.kv.capture import PageTag, read_capture  # noqa: E402
+from harness.kinds.kv.capture_write import CaptureWriter  # noqa: E402
 from harness.kv_pages import digest_triton as dt  # noqa: E402
 from harness.kv_pages.digest import NAME, device_digests, digest_bytes, fused_digests, fused_lane_sums  # noqa: E402
 from harness.kv_pages.identity import PageRef  # noqa: E402

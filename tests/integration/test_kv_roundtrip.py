@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.kv.capture import read_capture
+from harness.kinds.kv.capture import read_capture
 from harness.kv_pages.identity import prefix_keys
 from harness.pipeline import GateResult, run_gate_by_name
 from harness.records import load_record

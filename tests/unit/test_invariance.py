@@ -44,8 +44,8 @@ from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, invers
 from harness.invariance.trainer import mode_logprobs
 from harness.kinds.controls import run_controls
 from harness.kinds.invariance import Ran
+from harness.kinds.kv.config import store_settings
 from harness.kinds.registered import staleness
-from harness.kv.config import store_settings
 from harness.pipeline import run_gate_by_name
 from harness.records import guard, load_record, vacuous_reasons
 from harness.staleness import Current

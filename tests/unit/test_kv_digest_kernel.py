@@ -21,8 +21,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.kv.capture import PageTag, read_capture, written_digests
-from harness.kv.capture_write import CaptureWriter, HostStager, _PageLines
+from harness.kinds.kv.capture import PageTag, read_capture, written_digests
+from harness.kinds.kv.capture_write import CaptureWriter, HostStager, _PageLines
 from harness.kv_pages.digest import cache_digests, digest_bytes, page_digests
 from harness.kv_pages.identity import PageRef
 

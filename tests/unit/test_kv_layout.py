@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.kv.capture import PageTag, read_capture
-from harness.kv.capture_write import CaptureWriter, gather
+from harness.kinds.kv.capture import PageTag, read_capture
+from harness.kinds.kv.capture_write import CaptureWriter, gather
 from harness.kv_pages.digest import cache_digests, page_digests
 from harness.kv_pages.identity import PageRef
 from harness.kv_pages.layout import (

@@ -11,7 +11,7 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
-from harness.kv.plan import (
+from harness.kinds.kv.plan import (
     NULL_BLOCK_ID,
     RequestTracker,
     Tags,

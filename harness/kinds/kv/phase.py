@@ -1,6 +1,6 @@
 """One phase of a KV round trip: ONE vLLM engine, in its own process, over a list of passes.
 
-    python -m harness.kv.phase REQUEST.json RESULT.jsonl
+    python -m harness.kinds.kv.phase REQUEST.json RESULT.jsonl
 
 REQUEST.json::
 
@@ -13,15 +13,15 @@ in ``SamplingParams.extra_args["harness_kv"]`` and may skip reading any cache
 (``skip_reading_prefix_cache``) to produce a reference generation inside the same engine.
 
 A pass with ``"list_files": {"root", "out"}`` writes, after it, every file under ``root`` to
-``out`` (JSON list): which files of a store a pass's requests wrote (:mod:`harness.kv.fault_run`).
+``out`` (JSON list): which files of a store a pass's requests wrote (:mod:`harness.kinds.kv.faults.run`).
 
 A pass with ``"mode": "alone"`` sends its requests one at a time (the reference a load pass is
 judged against). With ``"observe": {"events": "ipc://..."}`` every pass is observed
-(:mod:`harness.kv.observe`: vLLM's counters, peak requests in flight, KV-cache events).
+(:mod:`harness.kinds.kv.observe`: vLLM's counters, peak requests in flight, KV-cache events).
 
 RESULT.jsonl (:mod:`harness.engines.worker_lines`): ``{"kind": "meta", "version", "timings":
 {"engine_start_s", "pass_<name>_s", ...}, "compat": {...}, "observed": {pass: {...}}}``
-(``compat``: what :mod:`harness.kv.compat` adapted to the installed vLLM), then one
+(``compat``: what :mod:`harness.kinds.kv.compat` adapted to the installed vLLM), then one
 ``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per request,
 then ``{"kind": "end"}``. A start failure writes ``{"kind": "refused"|"error", "reason",
 "traceback"}`` and exits 3; a release that lacks a hook the gate needs writes ``{"kind": "skip",
@@ -42,12 +42,12 @@ from harness.engines.worker_lines import write_start_failure
 
 @contextmanager
 def observing(llm: Any, events: Any, name: str, into: dict[str, dict[str, object]]) -> Iterator[None]:
-    """Observe the pass (counters, peaks, KV-cache events: :mod:`harness.kv.observe`) when the
+    """Observe the pass (counters, peaks, KV-cache events: :mod:`harness.kinds.kv.observe`) when the
     request asked for it (``observe``), into ``into[name]``."""
     if events is None:
         yield
         return
-    from harness.kv.observe import PassObserver
+    from harness.kinds.kv.observe import PassObserver
 
     with PassObserver(llm, events) as obs:
         yield
@@ -58,7 +58,7 @@ def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
     with open(result_path, "w") as out:
-        from harness.kv.compat import adapt
+        from harness.kinds.kv.compat import adapt
 
         engine, compat = adapt(req.get("engine", {}))
         if compat.missing:
@@ -66,7 +66,7 @@ def main(request_path: str, result_path: str) -> int:
             return write_start_failure(out, "skip", lacks, compat=compat.to_json())
         events = None
         if (endpoint := (req.get("observe") or {}).get("events")) is not None:
-            from harness.kv.observe import EventCounts
+            from harness.kinds.kv.observe import EventCounts
 
             events = EventCounts(endpoint)  # subscribed before the engine publishes its first event
         observed: dict[str, dict[str, object]] = {}
@@ -75,7 +75,8 @@ def main(request_path: str, result_path: str) -> int:
         k = int(s.get("logprobs", 5))
 
         def run_pass(llm: Any, sampling_params: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
-            # a release without skip_reading_prefix_cache cannot run a no-cache reference (harness.kv.compat)
+            # a release without skip_reading_prefix_cache cannot run a no-cache reference
+            # (harness.kinds.kv.compat)
             ran = [r for r in p["requests"] if skip_option or not r.get("skip_reading")]
             params = [sampling_params(
                 temperature=0.0, max_tokens=int(s["max_tokens"]), logprobs=k if k else None,
@@ -90,7 +91,7 @@ def main(request_path: str, result_path: str) -> int:
             if (listing := p.get("list_files")) is not None:  # what the pass left in a store folder
                 from pathlib import Path
 
-                from harness.kv.fault_inject import list_files
+                from harness.kinds.kv.faults.inject import list_files
 
                 Path(listing["out"]).write_text(json.dumps(list_files(Path(listing["root"]))))
             return [{"kind": "case", "pass": p["name"], "case": r["case"], "lane": r.get("lane", "clean"),

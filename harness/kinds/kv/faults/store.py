@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.kv.store import PageRead, PageStore
+from harness.kinds.kv.store import PageRead, PageStore
 
 FAULTS = ("flip", "drop")
 

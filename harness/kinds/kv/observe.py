@@ -1,6 +1,6 @@
 """What the engine did during one pass, as evidence that a run was under load.
 
-Runs inside the phase process (:mod:`harness.kv.phase`) when its request asks for it
+Runs inside the phase process (:mod:`harness.kinds.kv.phase`) when its request asks for it
 (``"observe": {"events": "ipc://..."}``), around each pass:
 
 * vLLM's counters before and after (its Prometheus metrics, ``disable_log_stats=False``):

@@ -1,6 +1,6 @@
 """Storage faults under a KV connector's store: what each fault is, and how it is applied for real.
 
-The suite ``kv_faults`` (:mod:`harness.kv.fault_run`) stores through a connector, damages the store,
+The suite ``kv_faults`` (:mod:`harness.kinds.kv.faults.run`) stores through a connector, damages the store,
 and has a fresh engine serve the same requests. The faults, and where each is applied:
 
 * ``no_space``: the producer stores onto a real tmpfs of ``size`` bytes, mounted over the store
@@ -15,10 +15,10 @@ and has a fresh engine serve the same requests. The faults, and where each is ap
 * ``read_error``: opening a stored file of the target for reading fails with EIO.
 
 The last two, and the proof that the consumer read a damaged file at all, are injected at the file
-layer by a preloaded shim (``fault_shim.c``: ``open``/``openat``/``fopen`` of the named files,
+layer by a preloaded shim (``shim.c``: ``open``/``openat``/``fopen`` of the named files,
 :func:`shim_env`), which logs every open it saw. A fault whose damage never reached the consumer
 (nothing of the target was stored, or the consumer never opened the damaged file) makes its row
-vacuous (:mod:`harness.kv.fault_verdict`).
+vacuous (:mod:`harness.kinds.kv.faults.verdict`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-SHIM_SOURCE = Path(__file__).with_name("fault_shim.c")
+SHIM_SOURCE = Path(__file__).with_name("shim.c")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +153,7 @@ def build_shim(cache: Path) -> Path:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise FaultError("the file-layer faults (removed, read_error) need a C compiler to build "
-                         "harness/kv/fault_shim.c: set CC or install cc")
+                         "harness/kinds/kv/faults/shim.c: set CC or install cc")
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     done = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(SHIM_SOURCE), "-ldl"],

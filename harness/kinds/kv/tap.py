@@ -30,9 +30,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from harness.kv.capture_write import CaptureWriter, SchedulerLog, record_planned, worker_rank
-from harness.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
-from harness.kv.plan import PagePlan, RequestTracker, attention_layers, groups_of, log_setup
+from harness.kinds.kv.capture_write import CaptureWriter, SchedulerLog, record_planned, worker_rank
+from harness.kinds.kv.config import HARNESS_KEY, ConnectorSpec, HarnessKVConfig, load_connector_class
+from harness.kinds.kv.plan import PagePlan, RequestTracker, attention_layers, groups_of, log_setup
 from harness.kv_pages.layout import block_dims, layer_tensor
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ for _name, _value in vars(KVConnectorBase_V1).items():
 
 class HarnessTapConnectorHMA(HarnessTapConnector, getattr(_base, "SupportsHMA", object)):  # type: ignore[misc]
     """The tap for connectors that support vLLM's hybrid memory allocator (several KV groups); on a
-    release without the ``SupportsHMA`` marker it is the plain tap (:mod:`harness.kv.compat` names
+    release without the ``SupportsHMA`` marker it is the plain tap (:mod:`harness.kinds.kv.compat` names
     the plain one there)."""
 
     def request_finished_all_groups(self, request: Request,

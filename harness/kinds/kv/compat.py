@@ -1,10 +1,10 @@
 """What the installed vLLM offers the KV round trip: the one place release differences are absorbed.
 
-Runs inside the engine's process (``harness.kv.phase``), under whichever vLLM release that process
+Runs inside the engine's process (``harness.kinds.kv.phase``), under whichever vLLM release that process
 imports, and answers by looking at that release's own classes, never at a version string:
 
 * which name the wrapped connector has in this release: vLLM renamed some
-  (:data:`harness.kv.config.RENAMED`: ``SharedStorageConnector`` became ``ExampleConnector``), so a
+  (:data:`harness.kinds.kv.config.RENAMED`: ``SharedStorageConnector`` became ``ExampleConnector``), so a
   spec naming one keeps meaning the same connector; the tap wraps the name this release can import;
 * which tap class to name: the one that declares hybrid-memory-allocator support when the wrapped
   connector does (``SupportsHMA`` / ``supports_hma``), the plain one otherwise or where the release
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.kv.config import HARNESS_KEY, TAP_CLASS, TAP_CLASS_HMA, TAP_MODULE, ConnectorSpec, aliases
+from harness.kinds.kv.config import HARNESS_KEY, TAP_CLASS, TAP_CLASS_HMA, TAP_MODULE, ConnectorSpec, aliases
 
 BASE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 REQUIRED_HOOKS = ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",

@@ -8,8 +8,8 @@ import re
 from dataclasses import replace
 
 from harness.api import Verdict
-from harness.kv.passes import Phase
-from harness.kv.settings import KVSettings
+from harness.kinds.kv.passes import Phase
+from harness.kinds.kv.settings import KVSettings
 from harness.records import Control
 
 

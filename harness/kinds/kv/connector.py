@@ -2,13 +2,13 @@
 
 Loaded by vLLM from ``kv_transfer_config``::
 
-    {"kv_connector": "HarnessKVConnector", "kv_connector_module_path": "harness.kv.connector",
+    {"kv_connector": "HarnessKVConnector", "kv_connector_module_path": "harness.kinds.kv.connector",
      "kv_role": "kv_producer" | "kv_consumer",
-     "kv_connector_extra_config": {"harness": {...}}}        (see harness.kv.config)
+     "kv_connector_extra_config": {"harness": {...}}}        (see harness.kinds.kv.config)
 
 Producer (``kv_producer``): after each attention layer runs, every chunk of ``chunk_size`` prompt
 tokens completed in this step is read from the paged buffer, digested on the cache's device,
-written to the lane's :class:`~harness.kv.store.PageStore` (once per chunk key) and recorded as
+written to the lane's :class:`~harness.kinds.kv.store.PageStore` (once per chunk key) and recorded as
 ``written`` pages in the capture.
 
 Consumer (``kv_consumer``): a request is offered the longest run of stored whole chunks of its
@@ -25,7 +25,7 @@ Several KV-cache groups (a model with sliding-window and full-attention layers u
 allocator): every chunk is stored with the pages of every group. On restore a sliding-window group
 has no page for the blocks outside the window of the first token the engine computes (vLLM puts
 its null block there); those are neither loaded nor recorded, and the comparator expects exactly
-the in-window ones (:func:`harness.kv.plan.first_block_in_window`).
+the in-window ones (:func:`harness.kinds.kv.plan.first_block_in_window`).
 """
 
 from __future__ import annotations
@@ -42,12 +42,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from harness.kv.capture import PageTag
-from harness.kv.capture_write import CaptureWriter, SchedulerLog, gather, record_planned, worker_rank
-from harness.kv.config import UNREPORTED, HarnessKVConfig, chunk_size_problem
-from harness.kv.faults import FaultyStore
-from harness.kv.plan import GroupInfo, PagePlan, RequestTracker, attention_layers, groups_of, log_setup
-from harness.kv.store import PageRead, PageStore
+from harness.kinds.kv.capture import PageTag
+from harness.kinds.kv.capture_write import CaptureWriter, SchedulerLog, gather, record_planned, worker_rank
+from harness.kinds.kv.config import UNREPORTED, HarnessKVConfig, chunk_size_problem
+from harness.kinds.kv.faults.store import FaultyStore
+from harness.kinds.kv.plan import GroupInfo, PagePlan, RequestTracker, attention_layers, groups_of, log_setup
+from harness.kinds.kv.store import PageRead, PageStore
 from harness.kv_pages.digest import as_page_bytes, page_digests
 from harness.kv_pages.identity import PageRef, prefix_keys
 from harness.kv_pages.layout import block_dims, check_ids, layer_tensor, page_shape

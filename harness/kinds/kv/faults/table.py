@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.kv.fault_inject import FAULTS
+from harness.kinds.kv.faults.inject import FAULTS
 from harness.records import Record, iter_record_paths, load_record
 
 SUITE = "kv_faults"
-BEGIN = "<!-- kv-faults table: generated from reports/records/*/kv_faults (harness.kv.fault_table) -->"
+BEGIN = "<!-- kv-faults table: generated from reports/records/*/kv_faults (harness.kinds.kv.faults.table) -->"
 END = "<!-- end of the kv-faults table -->"
 
 

@@ -13,7 +13,7 @@ request at a time. Here:
    says whether the engine itself is bit-exact under this load for each request.
 
 The requests share prefixes of several lengths (each base case of the suite cut at each
-``prefix_tokens``) and end in tokens of their own. The judging is in :mod:`harness.kv.load_judge`.
+``prefix_tokens``) and end in tokens of their own. The judging is in :mod:`harness.kinds.kv.load_judge`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Case, EngineInfo, Output
-from harness.kv.config import STORE_CLASS, STORE_MODULE
-from harness.kv.load_judge import judge_load
-from harness.kv.passes import merge_compat, request, run_phase
-from harness.kv.roundtrip import FLIP, RoundTrip
-from harness.kv.settings import KVSettings, LoadSettings, engine_settings, transfer
+from harness.kinds.kv.config import STORE_CLASS, STORE_MODULE
+from harness.kinds.kv.load_judge import judge_load
+from harness.kinds.kv.passes import merge_compat, request, run_phase
+from harness.kinds.kv.roundtrip import FLIP, RoundTrip
+from harness.kinds.kv.settings import KVSettings, LoadSettings, engine_settings, transfer
 from harness.models import ModelRef
 from harness.suites import Suite, SuiteError
 
@@ -75,7 +75,7 @@ def events_endpoint() -> str:
 def consumer_engine(model: ModelRef, kv: KVSettings, load: LoadSettings, t: Mapping[str, Any],
                     endpoint: str) -> dict[str, Any]:
     """The consumer under load: prefix caching on (evictions), a small pool (preemptions), vLLM's
-    counters kept, its KV-cache events published for :mod:`harness.kv.observe`."""
+    counters kept, its KV-cache events published for :mod:`harness.kinds.kv.observe`."""
     return {**engine_settings(model, kv, t), "enable_prefix_caching": True,
             "num_gpu_blocks_override": load.pool_blocks, "max_model_len": load.max_model_len,
             "max_num_seqs": max(load.requests + load.flip_requests, 1), "disable_log_stats": False,

@@ -1,6 +1,6 @@
 """One engine process of the KV round trip, seen from the host: the passes it runs (producer:
 timing passes then the real write; consumer: the restore with its reference and fault lanes), the
-process that runs them (:mod:`harness.kv.phase` inside, under a release's interpreter), and what it
+process that runs them (:mod:`harness.kinds.kv.phase` inside, under a release's interpreter), and what it
 left behind read back as a :class:`Phase`."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from harness.engines.preload import preload_env
 from harness.engines.procs import engine_env, run_engine
 from harness.engines.vllm import root_cause
 from harness.engines.worker_lines import WorkerFailed, check_result
-from harness.kv.capture import Capture, CaptureError, read_capture
+from harness.kinds.kv.capture import Capture, CaptureError, read_capture
 from harness.models import ModelRef
 
 PHASE_TIMEOUT_S = float(os.environ.get("HARNESS_KV_TIMEOUT_S", "900"))
@@ -37,11 +37,11 @@ class Phase:
     capture: Capture | None
     log: Path
     compat: Mapping[str, Any] = field(default_factory=dict)
-    """What :mod:`harness.kv.compat` adapted to the release this phase ran on."""
+    """What :mod:`harness.kinds.kv.compat` adapted to the release this phase ran on."""
     skipped: bool = False
     """The release lacks a hook the gate needs (``reason`` names it): a skip, not an error."""
     observed: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """Pass -> what :mod:`harness.kv.observe` saw (counters, peaks, KV-cache events), when asked."""
+    """Pass -> what :mod:`harness.kinds.kv.observe` saw (counters, peaks, KV-cache events), when asked."""
 
     def row(self, pass_name: str, case: str, lane: str) -> Mapping[str, Any] | None:
         return next((r for r in self.rows if r["pass"] == pass_name and r["case"] == case
@@ -57,8 +57,8 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
               observe: Mapping[str, Any] | None = None, wrap: Sequence[str] = (),
               env_with: Any = None) -> Phase:
     """Start one engine in a child process group (under ``python``: a vLLM release's venv, else this
-    interpreter), run ``passes`` (``observe``: see :mod:`harness.kv.phase`), read its capture back.
-    ``wrap``: an argv prefix the engine runs under (a mount namespace, :mod:`harness.kv.fault_inject`);
+    interpreter), run ``passes`` (``observe``: see :mod:`harness.kinds.kv.phase`), read its capture back.
+    ``wrap``: an argv prefix the engine runs under (a mount namespace, :mod:`harness.kinds.kv.faults.inject`);
     ``env_with``: a function of the engine's environment giving the one it runs with (a preloaded
     fault shim)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -70,8 +70,8 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
     t0 = time.perf_counter()
     env = engine_env(repo_on_path=True)
     env = preload_env(python, env) if python else env
-    exited = run_engine([*wrap, python or sys.executable, "-m", "harness.kv.phase", str(req), str(res)], log,
-                        timeout_s, env_with(env) if env_with is not None else env, cwd=folder,
+    argv = [*wrap, python or sys.executable, "-m", "harness.kinds.kv.phase", str(req), str(res)]
+    exited = run_engine(argv, log, timeout_s, env_with(env) if env_with is not None else env, cwd=folder,
                         label=f"KV {name} engine ({model.name})")
     capture = None
     if capture_dir.is_dir():
@@ -96,7 +96,7 @@ def run_phase(folder: Path, name: str, model: ModelRef, engine: Mapping[str, Any
 
 
 def merge_compat(phases: Sequence[Phase]) -> dict[str, Any]:
-    """The phases' :mod:`harness.kv.compat` findings as one block: the release, every difference it
+    """The phases' :mod:`harness.kinds.kv.compat` findings as one block: the release, every difference it
     absorbed (once), the hooks it lacked, and the probes' answers."""
     found = [ph.compat for ph in phases if ph.compat]
     if not found:

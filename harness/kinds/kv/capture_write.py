@@ -1,8 +1,8 @@
 """The capture's writer, inside vLLM's processes: page bytes and index lines appended per worker
 (:class:`CaptureWriter`), one line per scheduler event (:class:`SchedulerLog`). The format and its
-reader are :mod:`harness.kv.capture`.
+reader are :mod:`harness.kinds.kv.capture`.
 
-Imported by the connectors (:mod:`harness.kv.connector`, :mod:`harness.kv.tap`) under whichever
+Imported by the connectors (:mod:`harness.kinds.kv.connector`, :mod:`harness.kinds.kv.tap`) under whichever
 vLLM release the engine runs: it needs only torch, numpy, the standard library and the harness's
 own KV modules.
 """
@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from harness.kv.capture import PageTag, Side
-from harness.kv.plan import PagePlan
+from harness.kinds.kv.capture import PageTag, Side
+from harness.kinds.kv.plan import PagePlan
 from harness.kv_pages.digest import as_page_bytes, page_digests
 from harness.kv_pages.identity import PageRef
 from harness.kv_pages.layout import check_ids, page_nbytes, page_shape
@@ -278,7 +278,7 @@ def record_planned(capture: CaptureWriter, side: Any, layer: str, kv: torch.Tens
     harness connector and the tap call this, on the write side and on the restore side).
 
     ``expected`` (digest-only capture, restore side): page id -> the digest the producer wrote, as
-    :func:`harness.kv.capture.written_digests` reads it from the producer's capture. ``block_dim``:
+    :func:`harness.kinds.kv.capture.written_digests` reads it from the producer's capture. ``block_dim``:
     the dimension of ``kv`` that counts blocks (:class:`harness.kv_pages.layout.BlockDims`)."""
     rank = worker_rank()
     refs = [PageRef(p.key, layer, p.group, p.start, p.end, rank) for p in pages]

@@ -1,6 +1,6 @@
 """The KV connector under storage faults (a suite whose ``[kv]`` table has a ``[kv.faults]`` lane).
 
-The round trip's phases, one storage fault at a time (:mod:`harness.kv.fault_inject` says what
+The round trip's phases, one storage fault at a time (:mod:`harness.kinds.kv.faults.inject` says what
 each fault is and how it is applied):
 
 1. **producer** (clean): the bystander cases, then the target case, each in its own pass, through
@@ -18,7 +18,7 @@ each fault is and how it is applied):
 
 The pages each consumer loaded are read back through the capture (the tap, or the harness store's
 own), compared with what the clean producer wrote, and each row is judged by
-:mod:`harness.kv.fault_verdict`. The connector doubles (:mod:`harness.kv.fault_controls`) go
+:mod:`harness.kinds.kv.faults.verdict`. The connector doubles (:mod:`harness.kinds.kv.faults.controls`) go
 through the same faults as the run's controls.
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 
 from harness.api import Case, EngineInfo, Output
 from harness.compare.strict import first_divergence
-from harness.kv.config import STORE_CLASS, STORE_MODULE, TAP_CLASS, TAP_MODULE, ConnectorSpec
-from harness.kv.fault_controls import run_double_controls
-from harness.kv.fault_inject import (
+from harness.kinds.kv.config import STORE_CLASS, STORE_MODULE, TAP_CLASS, TAP_MODULE, ConnectorSpec
+from harness.kinds.kv.faults.controls import run_double_controls
+from harness.kinds.kv.faults.inject import (
     BY_NAME,
     FAULTS,
     FaultError,
@@ -49,7 +49,7 @@ from harness.kv.fault_inject import (
     shim_mode,
     store_difference,
 )
-from harness.kv.fault_verdict import (
+from harness.kinds.kv.faults.verdict import (
     RowFacts,
     classify,
     comparator,
@@ -57,10 +57,10 @@ from harness.kv.fault_verdict import (
     vacuity_controls,
     verdict,
 )
-from harness.kv.judge import Judge
-from harness.kv.passes import Phase, merge_compat, request, run_phase
-from harness.kv.roundtrip import RoundTrip
-from harness.kv.settings import FaultSettings, KVSettings, engine_settings, fill_store, transfer
+from harness.kinds.kv.judge import Judge
+from harness.kinds.kv.passes import Phase, merge_compat, request, run_phase
+from harness.kinds.kv.roundtrip import RoundTrip
+from harness.kinds.kv.settings import FaultSettings, KVSettings, engine_settings, fill_store, transfer
 from harness.models import ModelRef
 from harness.suites import Suite
 

@@ -1,4 +1,4 @@
-"""Judging the KV round trip under load (:mod:`harness.kv.load`): four comparators.
+"""Judging the KV round trip under load (:mod:`harness.kinds.kv.load`): four comparators.
 
 * ``kv_load.pages`` (per request): every page the consumer restored is byte-equal to the page the
   producer stored under the same id (key, layer, shard), and as many pages were restored as the
@@ -34,10 +34,10 @@ from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
 from harness.excerpt import INLINE, NOTE, clip, first_line
 from harness.invariance.tiers import Tiers, fault_controls
-from harness.kv.capture import CapturedPage, CaptureError
-from harness.kv.faults import read_planted
-from harness.kv.passes import Phase
-from harness.kv.settings import LOAD_VERDICTS, LoadSettings
+from harness.kinds.kv.capture import CapturedPage, CaptureError
+from harness.kinds.kv.faults.store import read_planted
+from harness.kinds.kv.passes import Phase
+from harness.kinds.kv.settings import LOAD_VERDICTS, LoadSettings
 from harness.records import Control
 
 PAGES, BIT_EXACT, NEAR_TIE, EVIDENCE = LOAD_VERDICTS

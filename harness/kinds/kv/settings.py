@@ -78,7 +78,7 @@ KV_KEYS = ("chunk_size", "block_size", "refuse_chunk_size", "load_failure_policy
 
 
 LOAD_VERDICTS = ("kv_load.pages", "kv_load.bit_exact", "kv_load.near_tie", "kv_load.evidence")
-"""The comparators the load lane's verdicts are named by (:mod:`harness.kv.load_judge`)."""
+"""The comparators the load lane's verdicts are named by (:mod:`harness.kinds.kv.load_judge`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +136,12 @@ class LoadSettings:
 
 @dataclass(frozen=True, slots=True)
 class FaultSettings:
-    """``[kv.faults]``: the connector under storage faults (:mod:`harness.kv.fault_run`)."""
+    """``[kv.faults]``: the connector under storage faults (:mod:`harness.kinds.kv.faults.run`)."""
 
     target: str = ""
     """The case whose stored files each fault damages; the other cases are bystanders."""
     faults: tuple[str, ...] = ()
-    """Which faults to run (:data:`harness.kv.fault_inject.FAULTS`; default: all)."""
+    """Which faults to run (:data:`harness.kinds.kv.faults.inject.FAULTS`; default: all)."""
     rounds: int = 3
     """Offload -> evict -> onboard rounds of the cycle row."""
     pool_blocks: int = 8
@@ -158,7 +158,7 @@ class FaultSettings:
 
     @classmethod
     def from_table(cls, t: Mapping[str, Any], where: Where, block: int, cases: set[str]) -> FaultSettings:
-        from harness.kv.fault_inject import BY_NAME, fault
+        from harness.kinds.kv.faults.inject import BY_NAME, fault
 
         check_keys(t, where, cls.__slots__)  # type: ignore[attr-defined]
         target = need_str(t, "target", where)

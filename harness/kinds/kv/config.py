@@ -6,7 +6,7 @@ Everything the harness tells its connectors travels in ``kv_connector_extra_conf
     {"capture_dir": ".../capture/producer",          where pages and hit counts are recorded
      "chunk_size": 64,                                tokens per stored object (store mode)
      "lanes": {"clean": {"root": ".../store"},        store folder per lane; a lane may plant a
-               "flip": {"root": ".../store",          fault (see harness.kv.faults)
+               "flip": {"root": ".../store",          fault (see harness.kinds.kv.faults.store)
                         "fault": {"kind": "flip", "layer": 1, "page": 0, "offset": 4097}}},
      "tap": {"module": "vllm....example_connector", "class": "ExampleConnector"},   (tap mode)
      "tap_faults": {"flip": {"kind": "flip", "layer": 1, "page": 0, "offset": 4097}}}
@@ -23,9 +23,9 @@ from typing import Any
 from harness.registry import UnknownName
 
 HARNESS_KEY = "harness"
-STORE_MODULE = "harness.kv.connector"
+STORE_MODULE = "harness.kinds.kv.connector"
 STORE_CLASS = "HarnessKVConnector"
-TAP_MODULE = "harness.kv.tap"
+TAP_MODULE = "harness.kinds.kv.tap"
 TAP_CLASS = "HarnessTapConnector"
 TAP_CLASS_HMA = "HarnessTapConnectorHMA"
 
@@ -62,6 +62,15 @@ class ConnectorSpec:
         return f"{self.module}:{self.cls}"
 
 
+MOVED_MODULES: Mapping[str, str] = {
+    "harness.kv.connector": STORE_MODULE,
+    "harness.kv.tap": TAP_MODULE,
+}
+"""The harness connectors' module paths before the KV gate became the package ``harness.kinds.kv``
+-> where they are now. The one alias table for module paths: a ``--connector`` / ``CONNECTOR=`` spec
+or a record's ``kv_connector_module_path`` written before the move names the old path, and
+:func:`parse_connector` resolves it to the new one (the spec's ``text`` then names the new path)."""
+
 V1_CONNECTORS = "vllm.distributed.kv_transfer.kv_connector.v1."
 RENAMED: tuple[tuple[ConnectorSpec, ...], ...] = (
     (ConnectorSpec(V1_CONNECTORS + "example_connector", "ExampleConnector"),
@@ -70,7 +79,7 @@ RENAMED: tuple[tuple[ConnectorSpec, ...], ...] = (
 """One connector under the names vLLM releases gave it, newest first: vLLM renamed its example
 connector ``SharedStorageConnector`` (module ``shared_storage_connector``) to ``ExampleConnector``.
 A spec naming either means that connector in every release (:func:`aliases`;
-:mod:`harness.kv.compat` picks the name the installed release has)."""
+:mod:`harness.kinds.kv.compat` picks the name the installed release has)."""
 
 
 def aliases(spec: ConnectorSpec) -> tuple[ConnectorSpec, ...]:
@@ -84,7 +93,8 @@ def aliases(spec: ConnectorSpec) -> tuple[ConnectorSpec, ...]:
 def parse_connector(spec: str) -> ConnectorSpec:
     """``module.path:Class``, ``module.path.Class``, or a connector name vLLM registers
     (``ExampleConnector``; an older name of a renamed connector, ``SharedStorageConnector``, is the
-    same connector under the name the installed vLLM registers)."""
+    same connector under the name the installed vLLM registers). A harness connector's module path
+    from before its move resolves to where it is now (:data:`MOVED_MODULES`)."""
     spec = spec.strip()
     if not spec:
         raise ConnectorSpecError("empty KV connector spec; give module.path:ClassName")
@@ -96,7 +106,7 @@ def parse_connector(spec: str) -> ConnectorSpec:
         return _registered(spec)
     if not module or not cls or not cls.isidentifier():
         raise ConnectorSpecError(f"KV connector spec {spec!r}: expected module.path:ClassName")
-    return ConnectorSpec(module, cls)
+    return ConnectorSpec(MOVED_MODULES.get(module, module), cls)
 
 
 def _registered(name: str) -> ConnectorSpec:
@@ -199,7 +209,7 @@ class HarnessKVConfig:
 
 
 def _fault(d: Any, where: str) -> FaultSpec:
-    from harness.kv.faults import FAULTS
+    from harness.kinds.kv.faults.store import FAULTS
 
     if not isinstance(d, Mapping) or d.get("kind") not in FAULTS:
         raise KVConfigError(f"{where}: 'kind' must be one of {', '.join(FAULTS)}")
@@ -220,7 +230,7 @@ def chunk_size_problem(chunk_size: int, groups: Any) -> str | None:
     """Why ``chunk_size`` cannot be served by these KV-cache groups, or None.
 
     A stored chunk must be whole pages of every paged group, so ``chunk_size`` must be a multiple
-    of every attention group's block size. ``groups`` are :class:`harness.kv.plan.GroupInfo`.
+    of every attention group's block size. ``groups`` are :class:`harness.kinds.kv.plan.GroupInfo`.
     """
     if chunk_size < 1:
         return f"chunk_size must be >= 1 token, got {chunk_size}"

@@ -17,11 +17,11 @@ from harness.compare.byte_equal import ByteEqual
 from harness.compare.kv_hits import KVHits
 from harness.compare.strict import first_divergence
 from harness.kinds.controls import run_controls
-from harness.kv.capture import CaptureError
-from harness.kv.config import UNREPORTED
-from harness.kv.faults import read_planted
-from harness.kv.passes import Phase
-from harness.kv.plan import first_block_in_window
+from harness.kinds.kv.capture import CaptureError
+from harness.kinds.kv.config import UNREPORTED
+from harness.kinds.kv.faults.store import read_planted
+from harness.kinds.kv.passes import Phase
+from harness.kinds.kv.plan import first_block_in_window
 from harness.kv_pages.evidence import CaseEvidence, Page, Problem
 from harness.kv_pages.identity import PageRef, expected_hit_tokens, prefix_keys
 from harness.records import Control
@@ -185,7 +185,7 @@ def _names_planted(v: Verdict, fact: Mapping[str, Any]) -> bool:
 def figures(prod: Phase, cons: Phase, judge: Judge, evs: Mapping[str, CaseEvidence],
             cases: Sequence[Case], kv_copies: int = 1) -> dict[str, Any]:
     """Pages compared, capture overhead, compare throughput vs memcpy, engine start times."""
-    from harness.kv.bench import throughput
+    from harness.kinds.kv.bench import throughput
 
     t = prod.timings
     offs = [v for k, v in t.items() if k.startswith("pass_off")]

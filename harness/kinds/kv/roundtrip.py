@@ -16,10 +16,10 @@ run then (the flip lane is planted by the tap in the consumer's buffer).
 
 Everything is written under ``run_dir``: request/result files, engine logs, stores, captures.
 
-This module wires the phases together; the jobs live beside it: :mod:`harness.kv.settings` (the
-suite's ``[kv]`` table, engine settings), :mod:`harness.kv.passes` (one engine process per phase),
-:mod:`harness.kv.judge` (captures -> evidence, verdicts, controls, figures) and
-:mod:`harness.kv.refusal` (the refusal probe's verdicts).
+This module wires the phases together; the jobs live beside it: :mod:`harness.kinds.kv.settings` (the
+suite's ``[kv]`` table, engine settings), :mod:`harness.kinds.kv.passes` (one engine process per phase),
+:mod:`harness.kinds.kv.judge` (captures -> evidence, verdicts, controls, figures) and
+:mod:`harness.kinds.kv.refusal` (the refusal probe's verdicts).
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from typing import Any
 
 from harness.api import Case, EngineInfo, Output, Verdict, failure_verdicts
 from harness.compare.byte_equal import summary_line
-from harness.kv.config import STORE_CLASS, STORE_MODULE, TAP_CLASS, TAP_MODULE, ConnectorSpec
-from harness.kv.cuda_only import cuda_only
-from harness.kv.judge import Judge, figures
-from harness.kv.passes import (
+from harness.kinds.kv.config import STORE_CLASS, STORE_MODULE, TAP_CLASS, TAP_MODULE, ConnectorSpec
+from harness.kinds.kv.cuda_only import cuda_only
+from harness.kinds.kv.judge import Judge, figures
+from harness.kinds.kv.passes import (
     Phase,
     consumer_passes,
     merge_compat,
@@ -44,8 +44,8 @@ from harness.kv.passes import (
     run_phase,
     vocab_size,
 )
-from harness.kv.refusal import refusal_controls, refusal_verdicts
-from harness.kv.settings import KVSettings, engine_settings, fill_store, transfer
+from harness.kinds.kv.refusal import refusal_controls, refusal_verdicts
+from harness.kinds.kv.settings import KVSettings, engine_settings, fill_store, transfer
 from harness.models import ModelRef
 from harness.records import Control
 from harness.suites import Suite

@@ -15,7 +15,7 @@ Each process appends and flushes after every batch, so an engine that dies mid-r
 readable prefix. The reader names the file and line of anything malformed and never guesses.
 
 This module is the host side (the format's vocabulary and the reader); the writer that runs inside
-vLLM's processes is :mod:`harness.kv.capture_write`.
+vLLM's processes is :mod:`harness.kinds.kv.capture_write`.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class Capture:
 
 def _column_pages(folder: Path, d: Mapping[str, Any]) -> list[CapturedPage]:
     """The pages of one columnar ``pages`` line (a batch of at least
-    :data:`harness.kv.capture_write.COLUMNS_MIN` pages)."""
+    :data:`harness.kinds.kv.capture_write.COLUMNS_MIN` pages)."""
     n = len(d["key"])
     cols = ("layer", "group", "start", "end", "shard", "req", "case", "lane", "digest", "kept", "offset")
     if any(len(d[c]) != n for c in cols):

@@ -1,6 +1,6 @@
-"""The storage-fault suite's controls: each connector double (:mod:`harness.kv.fault_doubles`)
+"""The storage-fault suite's controls: each connector double (:mod:`harness.kinds.kv.faults.doubles`)
 through each storage fault, applied the same way as under an engine's store
-(:mod:`harness.kv.fault_inject`), judged by the same rule (:mod:`harness.kv.fault_verdict`).
+(:mod:`harness.kinds.kv.faults.inject`), judged by the same rule (:mod:`harness.kinds.kv.faults.verdict`).
 No engine: child processes of a few milliseconds each."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.kv.fault_doubles import DOUBLES, PAYLOAD_BYTES, payload, run_child
-from harness.kv.fault_inject import (
+from harness.kinds.kv.faults.doubles import DOUBLES, PAYLOAD_BYTES, payload, run_child
+from harness.kinds.kv.faults.inject import (
     BY_NAME,
     FaultError,
     copy_store,
@@ -23,7 +23,7 @@ from harness.kv.fault_inject import (
     shim_mode,
     store_difference,
 )
-from harness.kv.fault_verdict import RowFacts, classify, double_controls, explain
+from harness.kinds.kv.faults.verdict import RowFacts, classify, double_controls, explain
 from harness.records import Control
 
 NO_SPACE_BYTES = PAYLOAD_BYTES // 4

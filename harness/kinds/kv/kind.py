@@ -4,7 +4,7 @@
 goldens are the oracle's, recorded like any suite's; the engine under test is the pinned vLLM (candidate
 ``vllm``, the default) or another release (``vllm@<version>``, in its own venv, see
 :mod:`harness.engines.venvs`), with the harness store or with the harness tap around ``connector``
-(:mod:`harness.kv.roundtrip` runs the engines, :mod:`harness.kv.compat` absorbs what the release
+(:mod:`harness.kinds.kv.roundtrip` runs the engines, :mod:`harness.kinds.kv.compat` absorbs what the release
 lacks). ``make matrix SUITE=kv_roundtrip VLLM="0.26.0 ..."`` writes one record per release.
 """
 
@@ -47,18 +47,18 @@ def release_of(candidate: str | None) -> str | None:
 
 def preflight(release: str, connector: Any = None) -> dict[str, Any] | None:
     """Before a release is installed (minutes, gigabytes): can it run the gate here at all? Read from
-    its wheel alone: the connector base module (the hooks :mod:`harness.kv.compat` asks the
+    its wheel alone: the connector base module (the hooks :mod:`harness.kinds.kv.compat` asks the
     installed release for) and its native extensions (the libstdc++ symbol versions they need; a
     release built with a newer compiler than this machine's runtime cannot load them). The compat
     block of a skipped phase when it cannot, None when it can or the wheel cannot tell (then the
     release is installed and asked). ``connector`` (a ``ConnectorSpec``, None for the harness store):
     when it is one of the release's own connectors (a ``vllm.`` module), its class is read too: one
-    that moves KV to CUDA cannot run on a host without CUDA (:mod:`harness.kv.cuda_only`)."""
+    that moves KV to CUDA cannot run on a host without CUDA (:mod:`harness.kinds.kv.cuda_only`)."""
     from harness.engines import preload
     from harness.engines.wheels import unmet_native_needs, wheel_files
-    from harness.kv.compat import BASE_FILE, missing_in_source
-    from harness.kv.config import aliases
-    from harness.kv.cuda_only import cuda_calls_in_source, host_has_cuda
+    from harness.kinds.kv.compat import BASE_FILE, missing_in_source
+    from harness.kinds.kv.config import aliases
+    from harness.kinds.kv.cuda_only import cuda_calls_in_source, host_has_cuda
 
     own = [s for s in ((connector, *aliases(connector)) if connector is not None else ())
            if s.module.startswith("vllm.")]
@@ -122,8 +122,8 @@ class KVRoundTrip:
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         # torch + vLLM come in with the KV modules: only when a KV gate runs
-        from harness.kv.config import load_connector_class, parse_connector
-        from harness.kv.settings import KVSettings
+        from harness.kinds.kv.config import load_connector_class, parse_connector
+        from harness.kinds.kv.settings import KVSettings
 
         kv = KVSettings.from_suite(req.suite)  # a malformed [kv] table is bad input, before any engine starts
         release = release_of(req.candidate)
@@ -156,9 +156,9 @@ class KVRoundTrip:
         return Prepared(golden, spec, timings, release, venv)
 
     def run(self, ws: Workspace, req: GateRequest, prepared: Prepared) -> Any:
-        from harness.kv.load import run_load
-        from harness.kv.roundtrip import run_roundtrip
-        from harness.kv.settings import KVSettings
+        from harness.kinds.kv.load import run_load
+        from harness.kinds.kv.roundtrip import run_roundtrip
+        from harness.kinds.kv.settings import KVSettings
 
         stamp = now_utc().replace(":", "").replace("-", "")
         run_dir = ws.runs / f"kv-{stamp}-{req.suite.name}-{req.model.slug}-{secrets.token_hex(3)}"
@@ -166,7 +166,7 @@ class KVRoundTrip:
         kv = KVSettings.from_suite(req.suite)
         t0 = time.perf_counter()
         if kv.faults is not None and prepared.lacks is None:  # the connector under storage faults
-            from harness.kv.fault_run import run_faults
+            from harness.kinds.kv.faults.run import run_faults
 
             rt = run_faults(req.model, req.suite, prepared.golden.cases, prepared.golden.outputs, run_dir, kv,
                             prepared.connector, req.model.decode, python=python)

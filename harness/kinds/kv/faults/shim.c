@@ -1,4 +1,4 @@
-/* File-layer fault injection for the KV storage-fault suite (harness/kv/fault_inject.py).
+/* File-layer fault injection for the KV storage-fault suite (harness/kinds/kv/faults/inject.py).
  *
  * Loaded with LD_PRELOAD into an engine process (and inherited by the processes it starts). It
  * touches only the files named in HARNESS_FAULT_PATHS (absolute paths, one per line); every open

@@ -153,7 +153,7 @@ def kv_release_table(runs: Sequence[ModelRun], cited: list[str]) -> list[str]:
     out = ["", "### Per release", "",
            "Every KV round trip on record, one line per model, connector and vLLM release (the newest "
            "current record of each): the verdict counts, the cases served short, the chunk-size refusal "
-           "(harness store only), what `harness/kinds/kv/compat.py` absorbed of that release's API, engine "
+           "(harness store only), what `harness/kv/compat.py` absorbed of that release's API, engine "
            "starts (producer / consumer) and the release's venv. `make matrix SUITE=kv_roundtrip "
            "VLLM=\"0.26.0 0.28.0 ...\" [CONNECTOR=ExampleConnector]` writes them.", "",
            "| Model | Connector | vLLM | KV-cache groups | State | Pages byte-equal (cases) | "

@@ -122,7 +122,7 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
 
         return verdict_names(raw)
     if raw.get("kind") == "sampling":  # its verdicts are named per parameter
-        from harness.sampling.settings import verdict_names as sampling_verdicts
+        from harness.kinds.sampling.settings import verdict_names as sampling_verdicts
 
         return sampling_verdicts(raw)
     if raw.get("kind") == "api":  # one comparator per facet of its [api] table

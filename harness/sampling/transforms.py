@@ -272,7 +272,7 @@ def transform(
     position, the parameters ``s`` and the tokens a penalty may see.
 
     ``steps`` replaces step functions and ``order`` the chain's order: the planted samplers
-    (:mod:`harness.sampling.doubles`) are this same code with one step wrong."""
+    (:mod:`harness.kinds.sampling.doubles`) are this same code with one step wrong."""
     impl = {**STEPS, **(steps or {})}
     x = np.asarray(logits, np.float64).copy()
     border: set[int] = set()

@@ -28,11 +28,12 @@ from scipy import stats
 
 from harness.abilities import SamplePass, SamplerTraits, Samples
 from harness.api import Case, EngineInfo, EngineRefused, Output, RunFacts, Sampling
+from harness.kinds.sampling import gof
+from harness.kinds.sampling.faults import FAULTS, Fault, power_against_fault, references
+from harness.kinds.sampling.judge import LOGPROBS, SEED, comparator, failed, statistics, verdicts
+from harness.kinds.sampling.plan import Plan, Test
+from harness.kinds.sampling.sites import ControlSite
 from harness.records import Control
-from harness.sampling import gof
-from harness.sampling.faults import FAULTS, Fault, power_against_fault, references
-from harness.sampling.judge import LOGPROBS, SEED, comparator, failed, statistics, verdicts
-from harness.sampling.plan import ControlSite, Plan, Test
 from harness.sampling.transforms import Reference, log_softmax
 
 CORRECT = "correct sampler (draws from the reference)"

@@ -2,10 +2,10 @@
 (:func:`harness.sampling.transforms.transform`) with one step replaced or moved, and what each one
 does to a test's distribution.
 
-The planner (:mod:`harness.sampling.plan`) uses them to choose, per setting, the position where
+The planner (:mod:`harness.kinds.sampling.plan`) uses them to choose, per setting, the position where
 every fault of that setting moves the distribution visibly (:func:`visible_tv`) and to size its
 draws by the power against the weakest (:func:`power_against_fault`); the doubles
-(:mod:`harness.sampling.doubles`) draw from them.
+(:mod:`harness.kinds.sampling.doubles`) draw from them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from harness.api import Sampling
-from harness.sampling import gof
+from harness.kinds.sampling import gof
 from harness.sampling.transforms import (
     Chain,
     History,

@@ -1,4 +1,4 @@
-"""The suite's settings (:mod:`harness.sampling.settings`) and the oracle's rows -> the gate's tests.
+"""The suite's settings (:mod:`harness.kinds.sampling.settings`) and the oracle's rows -> the gate's tests.
 
 A **test** is (case, position t, setting): the prefix is the case's prompt followed by the oracle's
 first t greedy tokens (teacher forcing), the setting's parameters are the sampler's, and the judged
@@ -14,9 +14,9 @@ with a block prefix cache (vLLM's 32-token blocks) computes one token per draw i
 block, and a position with entropy tests more than the support.
 
 Each test draws enough for its fit to detect ``target_tv`` at the Holm-Bonferroni level
-``alpha / m`` with probability ``power`` (:func:`harness.sampling.gof.draws_for`, and
-:data:`PLAN_MARGIN`), divided by the chance of the conditioning path, capped at ``max_draws``; the
-record states every test's exact detectable TV, and so says when the cap bit.
+``alpha / m`` with probability ``power`` (:func:`harness.kinds.sampling.gof.draws_for`, and
+:data:`~harness.kinds.sampling.draws.PLAN_MARGIN`), divided by the chance of the conditioning path,
+capped at ``max_draws``; the record states every test's exact detectable TV, and so says when the cap bit.
 """
 
 from __future__ import annotations
@@ -24,28 +24,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
 from harness.abilities import SamplePass, SampleRequest
 from harness.api import Case, Sampling
-from harness.sampling import faults, gof
-from harness.sampling.settings import GateSettings, Setting
+from harness.kinds.sampling import faults, gof
+from harness.kinds.sampling.draws import MIN_JUDGED, OracleRows, judged_draws
+from harness.kinds.sampling.settings import GateSettings, Setting
+from harness.kinds.sampling.sites import ControlSite, Site, control_draws, control_site, site_record
 from harness.sampling.transforms import CHAINS, PARAMETERS, Chain, Reference, softmax
 
 SEED_SPACING = 1_000_003
 """Test i draws with seeds ``seed + i * SEED_SPACING + j``: no two tests share a seed."""
-
-
-@dataclass(frozen=True, slots=True)
-class OracleRows:
-    """What the oracle established for one case: its greedy continuation and its raw logits."""
-
-    case: Case
-    greedy: tuple[int, ...]
-    rows: Mapping[int, np.ndarray]
-    """Position t -> [V] float32 raw logits predicting greedy[t] from prompt + greedy[:t]."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -96,42 +87,6 @@ class Test:
             self.draws if n is None else n,
             self.path,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ControlSite:
-    """Where a setting's planted faults are judged: the position of any case where every fault of
-    the setting moves the distribution the most, and the draws that give the weakest of them
-    ``control_power``."""
-
-    setting: str
-    param: str
-    test: str | None
-    """The test (``<case>@<t>/<setting>``) sized for them; None: the setting has no runnable test."""
-    moved: tuple[tuple[str, float], ...]
-    """(fault, the visible TV it moves at that position) for every fault of the setting."""
-    power: float
-    """The power against the weakest fault at that test alone, at the Bonferroni level."""
-    draws: int
-    powered: bool
-    """``power`` reaches ``control_power`` within ``max_draws``."""
-    searched: int
-    """Positions (of every case) the site was chosen among."""
-    note: str = ""
-    """Why no position powers it, when none does."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "setting": self.setting,
-            "param": self.param,
-            "test": self.test,
-            "moved_tv": dict(self.moved),
-            "power": self.power,
-            "draws": self.draws,
-            "powered": self.powered,
-            "positions_searched": self.searched,
-            "note": self.note,
-        }
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -271,7 +226,8 @@ def make_plan(
 ) -> Plan:
     """The tests of the gate for an engine following ``chain`` (its references and draws): the
     ``positions_per_case`` least decided block-aligned positions of every case for every setting,
-    and per setting the position where its planted faults are judged (:func:`control_site`)."""
+    and per setting the position where its planted faults are judged
+    (:func:`~harness.kinds.sampling.sites.control_site`)."""
     chain = CHAINS.get(chain) if isinstance(chain, str) else chain
     missing = {**dict(chain.unsupported), **dict(unsupported or {})}
     entries: list[_Entry] = []
@@ -291,7 +247,7 @@ def make_plan(
     # the sites are chosen at the level of the largest family they can make (a bound: the final
     # level is that or higher, so the power only grows)
     bound = gs.alpha / max(1, len(entries) + len(gs.settings))
-    found: dict[str, _Site | str] = {}
+    found: dict[str, Site | str] = {}
     for s in gs.settings:
         if _refusal(s, missing) is not None or not faults.of(s.param):
             continue
@@ -316,10 +272,10 @@ def make_plan(
         judged, draws = judged_draws(refs[-1], p_path, level, gs) if skip is None else (0, 0)
         if e.control and skip is None:
             site = found[s.id]
-            assert isinstance(site, _Site)
+            assert isinstance(site, Site)
             c_judged, c_draws, power = control_draws(refs, site.alts, path, p_path, judged, level, gs)
             judged, draws = max(judged, c_judged), max(draws, c_draws)  # never fewer than the target's
-            sites.append(_site_record(s, f"{o.case.id}@{t}/{s.id}", site, power, draws, gs))
+            sites.append(site_record(s, f"{o.case.id}@{t}/{s.id}", site, power, draws, gs))
         planned = gof.cells_for(refs[-1].probs, judged, gs.min_expected, gs.max_cells, refs[-1].ranked)
         test = Test(f"{o.case.id}@{t}/{s.id}", o.case.id, t, s, prefix, path, tuple(refs),
                     tuple(rows), p_path, draws, judged, gs.seed + i * SEED_SPACING, planned, refusal,
@@ -334,187 +290,6 @@ def make_plan(
             n = sum(max(0, len(o.greedy) - s.step) for o in oracle)
             sites.append(ControlSite(s.id, s.param, None, (), 0.0, 0, False, n, why))
     return Plan(gs, chain, tuple(tests), tuple(det), tuple(skipped), tuple(sites), tuple(passed))
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class _Site:
-    o: OracleRows
-    t: int
-    alts: tuple[tuple[Reference, ...], ...]
-    """Per fault of the setting: its distributions at every step."""
-    moved: tuple[tuple[str, float], ...]
-    searched: int
-    power_at_cap: float
-
-
-SITE_TRIALS = 6
-"""Positions, the most moved first, whose power is computed when choosing a setting's site."""
-
-
-def control_site(
-    oracle: Sequence[OracleRows], s: Setting, gs: GateSettings, chain: Chain, level: float
-) -> _Site | str:
-    """The position (of any case, any t whose path lies inside the greedy continuation) where the
-    setting's planted faults are judged: among the :data:`SITE_TRIALS` positions where the fault
-    that moves the visible distribution least moves it most, the one needing the fewest draws for
-    ``control_power`` against every fault (block-aligned first on a tie); where none reaches it
-    within ``max_draws``, the one with the most power. A string: why no position can be one (every
-    path too unlikely under the setting, or the faults move nothing anywhere)."""
-    fs = faults.of(s.param)
-    scored = []
-    for o in oracle:
-        for t in range(len(o.greedy) - s.step):
-            if any(t + j not in o.rows for j in range(s.step + 1)):
-                continue
-            prefix = tuple(o.case.prompt_ids) + tuple(o.greedy[:t])
-            path = tuple(o.greedy[t : t + s.step])
-            rows = [o.rows[t + j] for j in range(s.step + 1)]
-            refs = faults.references(rows, s.sampling, prefix, path, chain, gs.boundary_tol)
-            p_path = faults.path_probability(refs, path)
-            if gs.max_draws * p_path < 2 * MIN_JUDGED:
-                continue
-            alts = tuple(
-                faults.references(rows, s.sampling, prefix, path, chain, gs.boundary_tol, f) for f in fs
-            )
-            moved = tuple((f.name, faults.visible_tv(refs[-1], a[-1])) for f, a in zip(fs, alts, strict=True))
-            aligned = gs.align <= 1 or len(prefix) % gs.align == 1
-            scored.append((min(m for _, m in moved), aligned, o, t, refs, alts, path, p_path, moved))
-    n = sum(max(0, len(o.greedy) - s.step) for o in oracle)
-    if not scored:
-        return (
-            f"no position of any case powers it: on all {n} positions the oracle's path of {s.step} "
-            f"tokens is too unlikely under the setting for {gs.max_draws} draws to judge {2 * MIN_JUDGED}"
-        )
-    scored.sort(key=lambda x: (-x[0], not x[1]))
-    if scored[0][0] <= 0:
-        sees = (
-            f"; the {chain.name} chain's penalties see only the tokens the engine drew, and the "
-            f"setting draws {s.step} before the judged one"
-            if s.step == 0
-            and (chain.repetition_sees if s.param == "repetition_penalty" else chain.counts_see) == "output"
-            and s.param.endswith("penalty")
-            else ""
-        )
-        return f"no position of any case powers it: the fault moves nothing at any of {n} positions{sees}"
-    best: tuple[tuple[int, int, float], _Site] | None = None
-    for tv, aligned, o, t, refs, alts, path, p_path, moved in scored[:SITE_TRIALS]:
-        if tv <= 0 and best is not None:
-            break
-        n0 = judged_draws(refs[-1], p_path, level, gs)[0]
-        _j, draws, power = control_draws(refs, alts, path, p_path, n0, level, gs)
-        site = _Site(o, t, alts, moved, len(scored), power)
-        key = (0 if power >= gs.control_power else 1, draws if power >= gs.control_power else 0, -power)
-        key = (key[0], key[1] + (0 if aligned else 1), key[2])
-        if best is None or key < best[0]:
-            best = (key, site)
-    assert best is not None
-    return best[1]
-
-
-def control_draws(
-    refs: Sequence[Reference],
-    alts: Sequence[Sequence[Reference]],
-    path: Sequence[int],
-    p_path: float,
-    n0: int,
-    level: float,
-    gs: GateSettings,
-) -> tuple[int, int, float]:
-    """(judged, requested, power): the fewest judged draws, ``n0`` at least, whose test fails every
-    fault in ``alts`` with probability ``control_power`` (the weakest decides); the cap when none
-    does, with the power it has there."""
-
-    def power(n: int) -> tuple[float, int, int]:
-        judged, draws = cover(n, p_path, gs)
-        pw = min(
-            faults.power_against_fault(refs, a, path, judged, draws, level, gs.min_expected, gs.max_cells)
-            for a in alts
-        )
-        return pw, judged, draws
-
-    cap = cover(gs.max_draws * 10, p_path, gs)[0]  # the judged draws max_draws requests give
-    n = max(1, min(n0, cap))
-    pw, judged, draws = power(n)
-    if pw >= gs.control_power:
-        return judged, draws, pw
-    lo, hi = n, n
-    while hi < cap:
-        hi = min(cap, hi * 2)
-        pw, judged, draws = power(hi)
-        if pw >= gs.control_power:
-            break
-        lo = hi
-    if pw < gs.control_power:
-        return judged, draws, pw
-    best = (judged, draws, pw)
-    while hi - lo > max(1, hi // 20):
-        mid = (lo + hi) // 2
-        pw, judged, draws = power(mid)
-        if pw >= gs.control_power:
-            hi, best = mid, (judged, draws, pw)
-        else:
-            lo = mid
-    return best
-
-
-def _site_record(
-    s: Setting, test: str, site: _Site, power: float, draws: int, gs: GateSettings
-) -> ControlSite:
-    powered = power >= gs.control_power
-    note = "" if powered else (
-        f"no position of any case powers it: the most moved of {site.searched} positions "
-        f"({test}) gives power {power:.3g} at {draws} draws (max_draws {gs.max_draws})"
-    )
-    return ControlSite(s.id, s.param, test, site.moved, power, draws, powered, site.searched, note)
-
-
-MIN_JUDGED = 20
-"""A test whose capped draws would follow the oracle's path fewer times than this is not drawn."""
-PLAN_MARGIN = 1.1
-"""Draws are planned by the asymptotic critical value, then 10 % more, then checked by the exact
-(Monte Carlo) one and grown until it meets the target too. The judge states the exact detectable TV
-of every test it judged."""
-
-
-def judged_draws(ref: Reference, p_path: float, level: float, gs: GateSettings) -> tuple[int, int]:
-    """(draws judged, draws requested) for a fit of ``ref`` to detect ``target_tv``; the requests
-    cover the path's chance with 3.1 standard deviations to spare (the cap wins)."""
-    n = gof.draws_for(
-        ref.probs,
-        gs.target_tv,
-        level,
-        gs.power,
-        cap=gs.max_draws,
-        min_expected=gs.min_expected,
-        max_cells=gs.max_cells,
-    )
-    if int(np.count_nonzero(ref.probs > 0)) > 1:
-        n = min(gs.max_draws, math.ceil(n * PLAN_MARGIN))
-    for _ in range(4):  # the exact critical value may still want more: TV shrinks as 1/sqrt(n)
-        cells = gof.cells_for(ref.probs, n, gs.min_expected, gs.max_cells, ref.ranked)
-        if cells.method != "chi2" or n >= gs.max_draws:
-            break
-        d = gof.detectable_tv(cells, level, gs.power)
-        if d <= gs.target_tv:
-            break
-        n = min(gs.max_draws, math.ceil(n * (d / gs.target_tv) ** 2 * 1.02))
-    return cover(n, p_path, gs)
-
-
-def cover(n: int, p_path: float, gs: GateSettings) -> tuple[int, int]:
-    """(judged, requested): enough requests for ``n`` of them to follow a path of chance
-    ``p_path`` (3.1 standard deviations to spare), or ``max_draws`` and what they judge."""
-    n = min(n, gs.max_draws)
-    if p_path >= 1.0:
-        return n, n
-    if p_path <= 0.0:
-        return 0, gs.max_draws
-    draws = math.ceil((n + 3.1 * math.sqrt(n * (1 - p_path))) / p_path)
-    if draws > gs.max_draws:
-        sd = math.sqrt(gs.max_draws * p_path * (1 - p_path))
-        return max(1, int(gs.max_draws * p_path - 3.1 * sd)), gs.max_draws
-    return n, draws
-
 
 def _refusal(s: Setting, missing: Mapping[str, str]) -> str | None:
     neutral = Sampling(1, temperature=1.0)

@@ -8,7 +8,7 @@ Per test (a verdict named ``sampling.<parameter>``, case id ``<case>@<t>/<settin
    (:mod:`harness.sampling.transforms`) are exempt.
 2. **fit**: the draws that followed the oracle's path, less borderline tokens (conditioning on "not
    borderline" leaves the other tokens' distribution unchanged whatever the engine decided), against
-   the reference renormalised the same way (:mod:`harness.sampling.gof`); Holm over every fit of
+   the reference renormalised the same way (:mod:`harness.kinds.sampling.gof`); Holm over every fit of
    the record at ``alpha``.
 
 Beside them, ``sampling.seed`` (the same seed twice gives the same tokens; alone and inside a batch,
@@ -27,8 +27,8 @@ import numpy as np
 
 from harness.abilities import SamplerTraits, Samples
 from harness.api import Status, Verdict
-from harness.sampling import gof
-from harness.sampling.plan import Plan, Test
+from harness.kinds.sampling import gof
+from harness.kinds.sampling.plan import Plan, Test
 from harness.sampling.transforms import log_softmax
 
 Decode = Callable[[Sequence[int]], str]

@@ -1,6 +1,6 @@
 """A sampling suite's ``[sampling_gate]`` table: its settings (one sampler configuration each, and
 the FEATURES.md row it exercises) and its bars, validated with errors naming the file, the table and
-the key. :mod:`harness.sampling.plan` turns them into tests."""
+the key. :mod:`harness.kinds.sampling.plan` turns them into tests."""
 
 from __future__ import annotations
 

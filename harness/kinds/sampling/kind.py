@@ -5,11 +5,11 @@ the tests' prefixes (the pinned vLLM, one start; ``make sampling`` shares one or
 its candidates); the candidate's runner, made from its spec as in every gate, and its
 :class:`~harness.abilities.Sampler` ability (an engine without one is refused, naming those with one)
 with its documented chain; the tests, each with its reference and its number of draws
-(:mod:`harness.sampling.plan`).
+(:mod:`harness.kinds.sampling.plan`).
 run: the candidate draws, in one engine start — every test, then the determinism lanes.
-judge: support checks, fits under Holm, determinism, logprobs (:mod:`harness.sampling.judge`);
+judge: support checks, fits under Holm, determinism, logprobs (:mod:`harness.kinds.sampling.judge`);
 the planted samplers through the same judge, with the power stated against each, and the correct
-double's false-positive rate (:mod:`harness.sampling.doubles`).
+double's false-positive rate (:mod:`harness.kinds.sampling.doubles`).
 
 A parameter the engine does not have (transformers' presence penalty) gives ``refused`` verdicts
 and stays out of the gates: the record judges what the engine offers.
@@ -27,13 +27,14 @@ from harness.api import EngineFailed, EngineInfo, EngineRefused, Runner, Verdict
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.excerpt import first_line
 from harness.kinds.base import GateRequest, Judgement, register_kind
-from harness.sampling.settings import GateSettings, gate_settings
+from harness.kinds.sampling.settings import GateSettings, gate_settings
 from harness.sampling.transforms import CHAINS
 from harness.staleness import reference_reasons
 from harness.workspace import Workspace
 
 if TYPE_CHECKING:  # the statistics (scipy) load when a sampling gate runs, not with the kinds
-    from harness.sampling.plan import OracleRows, Plan
+    from harness.kinds.sampling.draws import OracleRows
+    from harness.kinds.sampling.plan import Plan
 
 SAMPLING_ENGINES = ("vllm", "hf", "llamacpp", "openai:<url>", "vllm-server")
 """The engines whose runner has the :class:`~harness.abilities.Sampler` ability (named in a refusal)."""
@@ -80,7 +81,7 @@ class SamplingKind:
         given = req.options.get("oracle")
         if given is None:
             _say(req, f"oracle: the pinned vLLM, greedy + raw logits for {len(req.suite.cases)} cases")
-            from harness.kinds.sampling_oracle import oracle_rows
+            from harness.kinds.sampling.oracle import oracle_rows
 
             rows, prov = oracle_rows(ws, req.model, req.suite, gs)
         else:
@@ -97,7 +98,7 @@ class SamplingKind:
             traits = runner.sampler_traits()
         except EngineRefused as e:
             return Prepared(gs, tuple(rows), prov, runner, None, None, ("refused", str(e)))
-        from harness.sampling.plan import make_plan
+        from harness.kinds.sampling.plan import make_plan
 
         plan = make_plan(rows, gs, traits.chain, traits.unsupported)
         return Prepared(gs, tuple(rows), prov, runner, traits, plan)
@@ -124,7 +125,7 @@ class SamplingKind:
             s.close()
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Ran) -> Judgement:
-        from harness.sampling import doubles, judge
+        from harness.kinds.sampling import doubles, judge
 
         plan, decode = prepared.plan, req.model.decode
         oracle = {"role": "reference distribution", **dict(prepared.oracle)}
@@ -218,7 +219,7 @@ def _info(runner: Runner | None, spec: str) -> EngineInfo:
 
 
 def _summary(suite: str, verdicts: list[Verdict], facts: Mapping[str, Any]) -> str:
-    from harness.sampling import judge
+    from harness.kinds.sampling import judge
 
     tests = [v for v in verdicts if v.comparator not in (judge.SEED, judge.LOGPROBS)]
     judged = [v for v in tests if v.status in ("pass", "fail")]

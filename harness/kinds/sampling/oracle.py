@@ -21,11 +21,12 @@ import numpy as np
 
 from harness.api import EngineFailed, EngineRefused, Sampling
 from harness.engines.vllm import VLLMRunner
+from harness.kinds.sampling.draws import OracleRows
+from harness.kinds.sampling.plan import rows_needed
+from harness.kinds.sampling.settings import GateSettings
 from harness.models import ModelRef
 from harness.oracle import ORACLE, oracle_available
 from harness.pin import oracle_pin
-from harness.sampling.plan import OracleRows, rows_needed
-from harness.sampling.settings import GateSettings
 from harness.suites import Suite, SuiteError
 from harness.workspace import Workspace
 

@@ -44,7 +44,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy import optimize, stats
 
-from harness.sampling.settings import MAX_CELLS, MIN_EXPECTED
+from harness.kinds.sampling.settings import MAX_CELLS, MIN_EXPECTED
 
 Method = Literal["chi2", "binomial", "none"]
 

@@ -118,7 +118,7 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
 
         return [comparator(f) for f in kv["faults"].get("faults", list(BY_NAME))]
     if raw.get("kind") == "invariance":  # its verdicts are named per variant and tier
-        from harness.invariance.settings import verdict_names
+        from harness.kinds.invariance.settings import verdict_names
 
         return verdict_names(raw)
     if raw.get("kind") == "sampling":  # its verdicts are named per parameter

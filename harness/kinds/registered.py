@@ -3,10 +3,10 @@
 the staleness rules read :data:`KINDS` from here.
 """
 
-from harness.kinds import invariance  # noqa: F401 - it registers
 from harness.kinds.ab import kind as ab  # noqa: F401 - it registers
 from harness.kinds.api import kind as api  # noqa: F401 - it registers
 from harness.kinds.base import KINDS, GateKind, GateRequest, Judgement, register_kind
+from harness.kinds.invariance import kind as invariance  # noqa: F401 - it registers
 from harness.kinds.kv import kind as kv_roundtrip  # noqa: F401 - it registers
 from harness.kinds.localize import kind as localize  # noqa: F401 - it registers
 from harness.kinds.parity import kind as parity  # noqa: F401 - it registers

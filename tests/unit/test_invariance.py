@@ -24,7 +24,9 @@ from harness.engines.procs import Exited
 from harness.engines.worker_lines import Lines
 from harness.features.catalog import load_catalog
 from harness.features.cells import judge_record
-from harness.invariance.plan import (
+from harness.kinds.controls import run_controls
+from harness.kinds.invariance.kind import Ran
+from harness.kinds.invariance.plan import (
     ALONE,
     BASE,
     INVERSE,
@@ -38,12 +40,10 @@ from harness.invariance.plan import (
     make_plan,
     shared_groups,
 )
-from harness.invariance.run import GroupResult, TrainerResult, output_from_line, parse_result
-from harness.invariance.settings import InvarianceError, parse, verdict_name, verdict_names
-from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, inverse_control, judge_pairs
-from harness.invariance.trainer import mode_logprobs
-from harness.kinds.controls import run_controls
-from harness.kinds.invariance import Ran
+from harness.kinds.invariance.run import GroupResult, TrainerResult, output_from_line, parse_result
+from harness.kinds.invariance.settings import InvarianceError, parse, verdict_name, verdict_names
+from harness.kinds.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, inverse_control, judge_pairs
+from harness.kinds.invariance.trainer import mode_logprobs
 from harness.kinds.kv.config import store_settings
 from harness.kinds.registered import staleness
 from harness.pipeline import run_gate_by_name
@@ -643,8 +643,8 @@ def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -
 
 
 def test_a_start_that_meets_a_busy_machine_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.invariance import run as run_mod
-    from harness.invariance.plan import Group, Pass
+    from harness.kinds.invariance import run as run_mod
+    from harness.kinds.invariance.plan import Group, Pass
 
     busy = ("ValueError: Available memory on node 0 (6.6/23.54 GiB) on startup is less than desired CPU "
             "memory utilization (0.3, 7.06 GiB).")

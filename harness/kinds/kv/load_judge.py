@@ -18,7 +18,7 @@
 
 Controls: the planted-fault lane (a byte flipped in the store under load) must fail
 ``kv_load.pages`` naming the page; in-memory page mutations (:func:`page_mutations`) and the
-invariance tiers' planted faults (:mod:`harness.invariance.tiers`) prove the other comparators
+invariance tiers' planted faults (:mod:`harness.kinds.invariance.tiers`) prove the other comparators
 can fail; counters of zero must fail ``kv_load.evidence``.
 """
 
@@ -33,7 +33,7 @@ from harness.api import Case, Output, Verdict, failure_verdicts
 from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
 from harness.excerpt import INLINE, NOTE, clip, first_line
-from harness.invariance.tiers import Tiers, fault_controls
+from harness.kinds.invariance.tiers import Tiers, fault_controls
 from harness.kinds.kv.capture import CapturedPage, CaptureError
 from harness.kinds.kv.faults.store import read_planted
 from harness.kinds.kv.passes import Phase

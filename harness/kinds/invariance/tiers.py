@@ -33,8 +33,8 @@ from harness.compare.near_tie import NearTie, plant_beyond_bar, plant_outside_to
 from harness.compare.strict import first_divergence
 from harness.compare.unit import ControlSet, Mutation, Needs, Plant
 from harness.excerpt import clip
-from harness.invariance.settings import TIERS, verdict_name
 from harness.kinds.controls import run_controls
+from harness.kinds.invariance.settings import TIERS, verdict_name
 from harness.records import Control
 from harness.registry import Registry
 

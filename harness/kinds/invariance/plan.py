@@ -32,7 +32,7 @@ from typing import Any
 
 from harness.api import Case
 from harness.engines.vllm_passes import Group, Pass, Request
-from harness.invariance.settings import InvarianceSettings
+from harness.kinds.invariance.settings import InvarianceSettings
 
 # pass names
 ALONE, TOGETHER, PC_COLD, PC_WARM, PC_DONORS, PC_SHARED = (

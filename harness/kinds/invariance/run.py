@@ -1,6 +1,6 @@
 """The engines of an invariance run: each group of the plan in one engine start, in plan order.
 
-vLLM groups run :mod:`harness.invariance.phase` in one engine start each
+vLLM groups run :mod:`harness.engines.vllm_phase` in one engine start each
 (:mod:`harness.engines.vllm_passes`, which the pinned vLLM's sampler shares); the server group
 starts one OpenAI server (:class:`VLLMServer`) and replays the prompts at each concurrency through
 :class:`OpenAIRunner`; the trainer (``hf``) scores the rollouts' tokens through its
@@ -25,7 +25,7 @@ from harness.engines.vllm_passes import GroupResult, Status
 from harness.engines.vllm_passes import output_from_line as output_from_line
 from harness.engines.vllm_passes import parse_result as parse_result
 from harness.engines.vllm_passes import run_vllm_group as run_vllm_group
-from harness.invariance.plan import Group, Plan
+from harness.kinds.invariance.plan import Group, Plan
 from harness.models import ModelRef
 from harness.teacher import scored_output
 

@@ -1,6 +1,6 @@
 """One engine of an invariance run: ONE vLLM engine, in its own process, over a list of passes.
 
-    python -m harness.invariance.phase REQUEST.json RESULT.jsonl
+    python -m harness.engines.vllm_phase REQUEST.json RESULT.jsonl
 
 Beside :mod:`harness.engines.vllm_worker` (whose engine start, output fields and exit path it
 reuses), because an invariance run asks more of one engine start than a gate does: the same

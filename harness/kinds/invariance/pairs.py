@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.api import Case, Output
-from harness.invariance.plan import (
+from harness.kinds.invariance.plan import (
     ALONE,
     BASE,
     INVERSE,
@@ -24,9 +24,9 @@ from harness.invariance.plan import (
     TOGETHER,
     Plan,
 )
-from harness.invariance.run import GroupResult
-from harness.invariance.settings import InvarianceSettings
-from harness.invariance.tiers import Pair, prefill_choice
+from harness.kinds.invariance.run import GroupResult
+from harness.kinds.invariance.settings import InvarianceSettings
+from harness.kinds.invariance.tiers import Pair, prefill_choice
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -136,7 +136,7 @@ def spec_decode(plan: Plan, s: InvarianceSettings, results: Mapping[str, GroupRe
 
 
 def decode_prefill(plan: Plan, s: InvarianceSettings, results: Mapping[str, GroupResult]) -> VariantRun:
-    from harness.invariance.tiers import all_positions
+    from harness.kinds.invariance.tiers import all_positions
 
     fail = _failure(results, (BASE,))
     if fail is not None:

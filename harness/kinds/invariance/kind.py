@@ -5,9 +5,9 @@ pinned vLLM), a reference configuration and variants that promise to preserve ou
 composition, concurrency through the OpenAI server, a warm prefix cache, chunked prefill with a
 small token budget, speculative decoding, preemption in a tiny KV pool, a prefix restored through
 the KV connector, decode vs prefill logprobs — each run on the same workload and judged on two
-tiers, bit-exact and near-tie (:mod:`harness.invariance.tiers`). No goldens: the reference runs
+tiers, bit-exact and near-tie (:mod:`harness.kinds.invariance.tiers`). No goldens: the reference runs
 now, beside the variants, in as few engine starts as the configurations allow
-(:mod:`harness.invariance.plan`). With an ``[rl]`` table the engine also samples seeded rollouts and
+(:mod:`harness.kinds.invariance.plan`). With an ``[rl]`` table the engine also samples seeded rollouts and
 the trainer (transformers) scores their tokens: per-token |Δ logprob|, importance ratios and a
 sequence KL, judged by ``[compare.rl_logprobs]``.
 
@@ -30,20 +30,20 @@ from harness.api import Case, EngineInfo, Output, Verdict, failure_verdicts
 from harness.compare import build
 from harness.engines.base import coerce, parse_options, split_spec
 from harness.excerpt import INLINE, first_line
-from harness.invariance.pairs import PAIRS, VariantRun
-from harness.invariance.plan import BASE, PC_COLD, RL_GROUP, ROLLOUT, TOGETHER, Plan, make_plan
-from harness.invariance.run import GroupResult, TrainerResult, run_plan, run_trainer
-from harness.invariance.settings import RL, TIERS, VARIANTS, InvarianceSettings, parse, verdict_name
-from harness.invariance.tiers import (
+from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.controls import run_controls
+from harness.kinds.invariance.pairs import PAIRS, VariantRun
+from harness.kinds.invariance.plan import BASE, PC_COLD, RL_GROUP, ROLLOUT, TOGETHER, Plan, make_plan
+from harness.kinds.invariance.run import GroupResult, TrainerResult, run_plan, run_trainer
+from harness.kinds.invariance.settings import RL, TIERS, VARIANTS, InvarianceSettings, parse, verdict_name
+from harness.kinds.invariance.tiers import (
     Tiers,
     fault_controls,
     first_difference,
     inverse_control,
     judge_pairs,
 )
-from harness.invariance.trainer import describe, transform
-from harness.kinds.base import GateRequest, Judgement, register_kind
-from harness.kinds.controls import run_controls
+from harness.kinds.invariance.trainer import describe, transform
 from harness.kinds.kv.config import store_settings
 from harness.provenance import now_utc
 from harness.records import Control

@@ -32,7 +32,6 @@ from harness.api import (
     EngineInfo,
     EngineRefused,
     Output,
-    Runner,
     Sampling,
     Verdict,
     failure_verdicts,
@@ -43,7 +42,7 @@ from harness.compare.kl import KL
 from harness.compare.nmse import tensor_verdict
 from harness.engines import RunnerContext, make_runner, parse_options, split_spec
 from harness.kinds.ab.stats import AccuracyTest, StatsError
-from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.base import GateRequest, Judgement, engine_info, register_kind
 from harness.kinds.controls import suite_controls
 from harness.kinds.distribution import Distribution, judge_run, measure_arm
 from harness.models import ModelRef
@@ -118,18 +117,12 @@ def run_arm(spec: str, model: ModelRef, cases: Sequence[Case], sampling: Samplin
         return Arm(spec, runner.info(), {o.case_id: o for o in outs}, {s.case_id: s for s in scores},
                    dict(facts.timings), dict(facts.kv_capacity), tensors=tensors)
     except EngineRefused as e:
-        return Arm(spec, _info(runner, spec), refused=str(e))
+        return Arm(spec, engine_info(runner, spec), refused=str(e))
     except EngineFailed as e:
-        return Arm(spec, _info(runner, spec), error=str(e), log_tail=e.log_tail)
+        return Arm(spec, engine_info(runner, spec), error=str(e), log_tail=e.log_tail)
     finally:
         runner.close()
 
-
-def _info(runner: Runner, spec: str) -> EngineInfo:
-    try:
-        return runner.info()
-    except Exception:  # noqa: BLE001 - an engine that failed to start may not know its version
-        return EngineInfo(spec, split_spec(spec)[0], "unknown")
 
 
 def agreement(a: Arm, b: Arm, cases: Sequence[Case], tie_params: Mapping[str, Any],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from harness.kinds.api.proxy import FAULTS
 from harness.kinds.api.reference import Reference
 from harness.kinds.api.settings import ApiSettings, api_settings
 from harness.kinds.api.surface import base_probes, control, judge, ordinary_text, plan, with_base
-from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.base import GateRequest, Judgement, engine_info, register_kind, say
 from harness.oracle import oracle_spec
 from harness.records import Control, Record
 from harness.staleness import Current, reference_reasons
@@ -89,13 +89,6 @@ class Ran:
     failure: tuple[str, str, str] | None = None
     """(``refused``|``error``, reason, log tail)."""
 
-
-def _say(req: GateRequest, text: str) -> None:
-    progress: Callable[[str], None] | None = req.options.get("progress")
-    if progress is not None:
-        progress(text)
-    else:
-        print(f"api: {text}", flush=True)
 
 
 class ApiKind:
@@ -166,12 +159,12 @@ class ApiKind:
                 ctx, observe(ep, base_probes(ctx.texts, ctx.settings.max_tokens), ordinary_text(ctx))
             )
             probes = tuple(plan(ctx))
-            _say(req, f"oracle: {len(probes)} probes over {len(ctx.settings.facets)} facets")
+            say(req, f"oracle: {len(probes)} probes over {len(ctx.settings.facets)} facets", echo="api")
             oracle_obs = observe(ep, probes, ordinary_text(ctx))
             t["oracle_requests_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             controls = tuple(
-                control(ctx, probes, oracle_obs, ep, f, lambda s: _say(req, s))
+                control(ctx, probes, oracle_obs, ep, f, lambda s: say(req, s, echo="api"))
                 for f in FAULTS
                 if f.facet in ctx.settings.facets
             )
@@ -239,7 +232,7 @@ class ApiKind:
         failure = prepared.failure or (ran.failure[:2] if ran.failure else None)
         if failure is not None or ran.ctx is None:
             status, reason = failure or ("error", "nothing ran")
-            info = _info(prepared.runner, req.candidate)
+            info = engine_info(prepared.runner, req.candidate)
             vs = failure_verdicts(names, ["all"], status, reason, ran.failure[2] if ran.failure else "")  # type: ignore[arg-type]
             return Judgement(
                 req.candidate,
@@ -260,7 +253,7 @@ class ApiKind:
                 "oracle": dict(table(ref, ran.oracle, ctx.settings)),
                 "candidate": dict(table(ref, ran.candidate, ctx.settings)),
             }
-        info = ran.info or _info(prepared.runner, req.candidate)
+        info = ran.info or engine_info(prepared.runner, req.candidate)
         extra: dict[str, Any] = {
             "api": {
                 "settings": ctx.settings.to_json(),
@@ -298,14 +291,6 @@ def _evidence(verdicts: list[Verdict]) -> dict[str, str]:
     """The template's evidence per conversation (prompt_token_ids, or usage.prompt_tokens only)."""
     return {v.case_id: str(v.evidence["evidence"]) for v in verdicts if "evidence" in v.evidence}
 
-
-def _info(runner: Runner | None, spec: str) -> EngineInfo:
-    if runner is not None:
-        try:
-            return runner.info()
-        except Exception:  # noqa: BLE001 - an engine that never started may not know its version
-            pass
-    return EngineInfo(spec, split_spec(spec)[0], "unknown")
 
 
 def _summary(suite: str, verdicts: list[Verdict], controls: tuple[Control, ...]) -> str:

@@ -26,9 +26,9 @@ from typing import Any
 
 from harness.abilities import TensorSource
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Verdict, failure_verdicts
-from harness.engines import RunnerContext, make_runner, split_spec
+from harness.engines import RunnerContext, make_runner
 from harness.goldens import Golden
-from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.base import GateRequest, Judgement, engine_info, register_kind
 from harness.kinds.localize.oracle import OracleTensors, golden_sequence, oracle_tensors
 from harness.kinds.localize.profile import Profile, controls_of, order_by, profile, sci, settings
 from harness.oracle import load_or_record
@@ -157,9 +157,9 @@ class Localize:
         ability = runner.tensor_ability() if isinstance(runner, TensorSource) else None
         if ability is None or not ability.layers:  # said before anything starts, diverged or not
             why = ability.reason("layers") if ability else f"{type(runner).__name__} declares no TensorSource"
-            return Ran(_info(runner, req.candidate), failure=("refused", f"{req.candidate}: {why}", ""))
+            return Ran(engine_info(runner, req.candidate), failure=("refused", f"{req.candidate}: {why}", ""))
         if not prepared.targets:
-            return Ran(_info(runner, req.candidate), ability.note)
+            return Ran(engine_info(runner, req.candidate), ability.note)
         seqs = {t.case.id: t.sequence for t in prepared.targets}
         t0 = time.perf_counter()
         try:
@@ -169,12 +169,12 @@ class Localize:
             oracle = oracle_tensors(ws, req.model, prepared.golden, list(seqs))
         except (EngineRefused, EngineFailed) as e:
             status = "refused" if isinstance(e, EngineRefused) else "error"
-            return Ran(_info(runner, req.candidate), ability.note,
+            return Ran(engine_info(runner, req.candidate), ability.note,
                        failure=(status, str(e), e.log_tail if isinstance(e, EngineFailed) else ""))
         finally:
             runner.close()
         timings = {"candidate_tensors_s": t1 - t0, "oracle_tensors_s": oracle.seconds}
-        return Ran(_info(runner, req.candidate), ability.note, oracle, captured, timings=timings)
+        return Ran(engine_info(runner, req.candidate), ability.note, oracle, captured, timings=timings)
 
     def judge(self, ws: Workspace, req: GateRequest, prepared: Prepared, ran: Ran) -> Judgement:
         src, targets = prepared.source, prepared.targets
@@ -233,12 +233,6 @@ class Localize:
             pictures=(lambda folder, rid: write_profile(folder, rid, title, profiles)) if profiles else None,
             picture_names=("profile",) if profiles else ())
 
-
-def _info(runner: Any, spec: str) -> EngineInfo:
-    try:
-        return runner.info()
-    except Exception:  # noqa: BLE001 - an engine that never started may not know its version
-        return EngineInfo(spec, split_spec(spec)[0], "unknown")
 
 
 def table(p: Profile, t: Target) -> str:

@@ -18,15 +18,15 @@ and stays out of the gates: the record judges what the engine offers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.abilities import Sampler, SamplerTraits, Samples
 from harness.api import EngineFailed, EngineInfo, EngineRefused, Runner, Verdict, failure_verdicts
-from harness.engines import RunnerContext, make_runner, split_spec
+from harness.engines import RunnerContext, make_runner
 from harness.excerpt import first_line
-from harness.kinds.base import GateRequest, Judgement, register_kind
+from harness.kinds.base import GateRequest, Judgement, engine_info, register_kind, say
 from harness.kinds.sampling.settings import GateSettings, gate_settings
 from harness.sampling.transforms import CHAINS
 from harness.staleness import reference_reasons
@@ -63,11 +63,6 @@ class Ran:
     """(``refused``|``error``, reason, log tail)."""
 
 
-def _say(req: GateRequest, text: str) -> None:
-    progress: Callable[[str], None] | None = req.options.get("progress")
-    if progress is not None:
-        progress(text)
-
 
 class SamplingKind:
     name = "sampling"
@@ -80,7 +75,7 @@ class SamplingKind:
         gs = gate_settings(req.suite)
         given = req.options.get("oracle")
         if given is None:
-            _say(req, f"oracle: the pinned vLLM, greedy + raw logits for {len(req.suite.cases)} cases")
+            say(req, f"oracle: the pinned vLLM, greedy + raw logits for {len(req.suite.cases)} cases")
             from harness.kinds.sampling.oracle import oracle_rows
 
             rows, prov = oracle_rows(ws, req.model, req.suite, gs)
@@ -108,7 +103,7 @@ class SamplingKind:
         if not isinstance(s, Sampler) or plan is None or traits is None:
             return Ran()
         lanes = ("repeat", "alone") if traits.seed_scope == "request" else ("repeat",)
-        _say(req, f"{req.candidate}: {plan.total_draws} draws over {len(plan.tests)} tests, "
+        say(req, f"{req.candidate}: {plan.total_draws} draws over {len(plan.tests)} tests, "
                   f"lanes {', '.join(lanes)}")
         t0 = time.perf_counter()
         try:  # no start: the engine starts what its draws need (the Sampler ability's contract)
@@ -133,7 +128,7 @@ class SamplingKind:
         if failure is not None or plan is None or prepared.traits is None:
             status, reason = failure or ("error", "no sampling plan")
             tail = ran.failure[2] if ran.failure else ""
-            info = _info(prepared.runner, req.candidate)
+            info = engine_info(prepared.runner, req.candidate)
             names = sorted({f"sampling.{s.param}" for s in prepared.gs.settings})
             vs = tuple(failure_verdicts(names, ["all"], status, reason, tail))  # type: ignore[arg-type]
             return Judgement(
@@ -150,7 +145,7 @@ class SamplingKind:
         t0 = time.perf_counter()
         verdicts, outs, rejected = judge.verdicts(plan, ran.results, traits, decode)
         t_judge = time.perf_counter() - t0
-        _say(
+        say(
             req,
             f"{req.candidate}: judged; running the planted samplers and "
             f"{prepared.gs.control_repetitions} repetitions of the correct one",
@@ -195,7 +190,7 @@ class SamplingKind:
             "controls_s": t_controls,
             **{f"oracle_{k}": float(v) for k, v in (prepared.oracle.get("timings") or {}).items()},
         }
-        info = ran.info or _info(prepared.runner, req.candidate)
+        info = ran.info or engine_info(prepared.runner, req.candidate)
         return Judgement(
             label=req.candidate,
             candidate=info,
@@ -208,14 +203,6 @@ class SamplingKind:
             reference=oracle,
         )
 
-
-def _info(runner: Runner | None, spec: str) -> EngineInfo:
-    if runner is not None:
-        try:
-            return runner.info()
-        except Exception:  # noqa: BLE001 - an engine that never started may not know its version
-            pass
-    return EngineInfo(spec, split_spec(spec)[0], "unknown")
 
 
 def _summary(suite: str, verdicts: list[Verdict], facts: Mapping[str, Any]) -> str:

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from harness.abilities import SamplePass, SampleRequest
-from harness.api import Case, Sampling
+from harness.api import SAMPLER_PARAMETERS, Case, Sampling
 from harness.kinds.sampling import faults, gof
 from harness.kinds.sampling.draws import MIN_JUDGED, OracleRows, judged_draws
 from harness.kinds.sampling.settings import GateSettings, Setting
 from harness.kinds.sampling.sites import ControlSite, Site, control_draws, control_site, site_record
-from harness.sampling.transforms import CHAINS, PARAMETERS, Chain, Reference, softmax
+from harness.sampling.transforms import CHAINS, Chain, Reference, softmax
 
 SEED_SPACING = 1_000_003
 """Test i draws with seeds ``seed + i * SEED_SPACING + j``: no two tests share a seed."""
@@ -293,5 +293,6 @@ def make_plan(
 
 def _refusal(s: Setting, missing: Mapping[str, str]) -> str | None:
     neutral = Sampling(1, temperature=1.0)
-    why = [missing[p] for p in PARAMETERS if p in missing and getattr(s.sampling, p) != getattr(neutral, p)]
+    why = [missing[p] for p in SAMPLER_PARAMETERS
+           if p in missing and getattr(s.sampling, p) != getattr(neutral, p)]
     return "; ".join(why) or None

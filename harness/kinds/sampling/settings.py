@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from harness.api import Sampling
-from harness.sampling.transforms import PARAMETERS
+from harness.api import SAMPLER_PARAMETERS, Sampling
 from harness.suites import Suite, SuiteError
 from harness.tomlcheck import (
     Where,
@@ -27,7 +26,7 @@ MIN_EXPECTED = 5.0
 MAX_CELLS = 16
 """Cells per fit, the pooled rest included (a fit's default)."""
 TABLE = "sampling_gate"
-PARAMS_ROWS = (*PARAMETERS, "order")
+PARAMS_ROWS = (*SAMPLER_PARAMETERS, "order")
 """What a setting may claim to exercise (one FEATURES.md row each): a parameter, or ``order`` (a
 truncation with a temperature other than 1, where the engines' orders disagree)."""
 
@@ -113,18 +112,7 @@ _GATE_INTS: Mapping[str, int] = {
     "seed": 0,
 }
 """The integer keys of ``[sampling_gate]`` and the least value of each."""
-_SETTING_KEYS = (
-    "id",
-    "param",
-    "step",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-)
+_SETTING_KEYS = ("id", "param", "step", *SAMPLER_PARAMETERS)
 _BARS: Mapping[str, tuple[float, float]] = {
     "alpha": (1e-6, 0.5),
     "power": (0.5, 0.9999),

@@ -63,6 +63,19 @@ class Case:
     tags: tuple[str, ...] = ()
 
 
+SAMPLER_PARAMETERS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+"""The sampler's parameters (fields of :class:`Sampling`), in the order the sampling gate lists
+them: the one list its settings, its reference transforms and :meth:`Sampling.to_json` read."""
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """Sampling parameters shared by oracle and candidate.
@@ -94,7 +107,7 @@ class Sampling:
     frequency_penalty: float = 0.0
     """Subtract this times its count from the logit of every token seen before (0: off)."""
 
-    OPTIONAL = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    OPTIONAL = tuple(p for p in SAMPLER_PARAMETERS if p != "temperature")
     """The fields ``to_json`` writes only when they are not their default."""
 
     @property

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.abilities import SamplePass, Sampler, SampleRequest
-from harness.api import EngineFailed, EngineRefused, Runner, Sampling
+from harness.api import SAMPLER_PARAMETERS, EngineFailed, EngineRefused, Runner, Sampling
 from harness.engines import RunnerContext, make_runner
 from harness.engines.draws import PARAMS, samples
 from harness.goldens import golden_dir, read_golden
@@ -17,7 +17,7 @@ from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.registry import UnknownName
-from harness.sampling.transforms import CHAINS, PARAMETERS
+from harness.sampling.transforms import CHAINS
 from harness.workspace import Workspace
 from tests.unit import sampling_kit as kit
 from tests.unit.openai_double import Double, serve
@@ -140,7 +140,7 @@ def test_a_server_that_keeps_failing_fails_the_draws_with_its_redacted_answer(
 
 
 def test_every_sampler_passes_every_parameter() -> None:
-    assert set(PARAMS) == set(PARAMETERS)  # no engine default (a server's top_k 40) can sneak in
+    assert set(PARAMS) == set(SAMPLER_PARAMETERS)  # no engine default (a server's top_k 40) can sneak in
 
 
 def test_draws_are_padded_where_they_stopped() -> None:

@@ -213,9 +213,9 @@ def test_a_localize_record_is_stale_by_the_rules_of_the_gate_it_diagnosed(tmp_pa
     ws = make_git_workspace(tmp_path / "ws")
     manifest = json.loads((ws.goldens / "tiny-llama" / "smoke" / "manifest.json").read_text())
     from harness.api import EngineInfo
-    from harness.records import Record
+    from tests.unit.record_kit import make_record
 
-    rec = Record(id="x", kind="localize", created="2026-12-01T00:00:00Z",
+    rec = make_record(id="x", kind="localize", created="2026-12-01T00:00:00Z",
                  model={"name": "tiny-llama", "digest": manifest["model"]["digest"]},
                  suite={"name": "localize", "version": 1, "diagnoses": {"name": "smoke", "version": 1}},
                  oracle={"pin": PIN.spec, "golden_files": manifest["files"]},

@@ -25,6 +25,7 @@ from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import EARLIER, PIN
 from tests.unit.features_kit import make_git_workspace, ok_controls
+from tests.unit.record_kit import make_record
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def ab_record(ws: Workspace, a_version: str, pin: str = "A=vllm") -> Record:
     from tests.unit.features_kit import commit, git
 
     commit(ws.root, "ab suite")
-    return Record(
+    return make_record(
         id="20261130T000000Z_x_ab-vllm_000000", kind="ab", created="2026-11-30T00:00:00Z",
         model={"name": "tiny-llama", "digest": manifest["model"]["digest"]},
         suite={"name": "ab_smoke", "version": 1, "digest": "x"},

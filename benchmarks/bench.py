@@ -7,12 +7,12 @@ Parts (each measured in this process, on the same bytes as its limit):
 * ``compare``: strict + near-tie + vLLM rule + top-k KL (k = 5) over 10^6 positions, fused kernel vs
   the numpy kernels vs a per-token loop doing the same work (``benchmarks/compare_throughput.py``);
   goal 20 M positions/s;
-* ``full``: full-vocabulary KL + NMSE facts (:func:`harness.compare.full.row_facts`) over two
+* ``full``: full-vocabulary KL + NMSE facts (:func:`harness.compare.kernels.full.row_facts`) over two
   ``[256, 49152]`` float32 arrays (smollm2's vocabulary), against memcpy of the same bytes (one
   thread): the compiled kernel on numba's threads and on one thread, and the numpy path;
 * ``kv``: the KV gate's compare (digests first), the byte compare where digests do not settle it,
   the diff of pages one byte apart, and the host page digests (``xxh128``; ``mx128``, the fallback),
-  against memcpy of the same bytes (:func:`harness.kv.bench.throughput`), on 64 KiB pages (an 8B
+  against memcpy of the same bytes (:func:`harness.kinds.kv.bench.throughput`), on 64 KiB pages (an 8B
   model's block) and 16 KiB pages (tiny-llama's); the written and restored copies of a page are
   separate buffers, as when read back from two capture files;
 * ``gate``: ``make gate MODEL=tiny-llama SPEED=0`` (committed goldens, the transformers candidate),
@@ -56,7 +56,7 @@ def part_compare(quick: bool) -> tuple[list[Figure], dict]:
 
 
 def part_full(quick: bool) -> tuple[list[Figure], dict]:
-    from harness.compare.full import row_facts
+    from harness.compare.kernels.full import row_facts
 
     n, v = (64 if quick else 256), 49152
     rng = np.random.default_rng(0)
@@ -95,10 +95,10 @@ def _one_thread(measure):  # noqa: ANN001, ANN202
 
 def part_kv(quick: bool) -> tuple[list[Figure], dict]:
     from harness.compare.byte_equal import judge_page
-    from harness.kv.bench import throughput
-    from harness.kv.digest import HOST, digest_bytes
-    from harness.page_evidence import MemoryPage
-    from harness.pages import PageRef
+    from harness.kinds.kv.bench import throughput
+    from harness.kv_pages.digest import HOST, digest_bytes
+    from harness.kv_pages.evidence import MemoryPage
+    from harness.kv_pages.identity import PageRef
 
     figs, runs = [], {}
     rng = np.random.default_rng(1)

@@ -6,9 +6,9 @@ Synthetic run: ``positions`` positions split into sequences of 1000, top-``k`` l
 sides in the engines' dtypes (int32 ids, float32 logprobs), the candidate a noisy copy of the oracle
 (so some tokens flip at near-ties). Timed side by side in one process, on the same data:
 
-* fused: :func:`harness.compare.fused.judge_run`, strict + near-tie + vLLM's mutual-top-k rule +
+* fused: :func:`harness.compare.kernels.fused.judge_run`, strict + near-tie + vLLM's mutual-top-k rule +
   KL (top-k+rest) at every position, in one compiled pass (numba, every core);
-* numpy: the same answers from the numpy kernels (:func:`harness.compare.batch.judge_batch` and
+* numpy: the same answers from the numpy kernels (:func:`harness.compare.kernels.batch.judge_batch` and
   :func:`harness.compare.kl.kl_topk_rest`), the previous implementation;
 * loop: the same work, one Python iteration per token over the list-of-dicts logprobs vLLM returns
   (built before the clock starts); and vLLM's ``check_logprobs_close`` rule alone as a loop.
@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.compare.batch import check_logprobs_close_loop  # noqa: E402
-from harness.compare.fused import judge_run  # noqa: E402
+from harness.compare.kernels.batch import check_logprobs_close_loop  # noqa: E402
+from harness.compare.kernels.fused import judge_run  # noqa: E402
 
 GOAL_POSITIONS_PER_S = 20e6
 KL_TOL = 1e-9

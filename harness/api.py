@@ -40,7 +40,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # types only: these modules import this one
     from harness.capabilities import Capabilities
-    from harness.page_evidence import CaseEvidence
+    from harness.kv_pages.evidence import CaseEvidence
     from harness.speed import Speed
 
 Status = Literal["pass", "fail", "error", "refused", "skip"]
@@ -61,6 +61,19 @@ class Case:
     prompt_text: str = ""
     """The text the ids were made from (for humans; engines never see it)."""
     tags: tuple[str, ...] = ()
+
+
+SAMPLER_PARAMETERS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+"""The sampler's parameters (fields of :class:`Sampling`), in the order the sampling gate lists
+them: the one list its settings, its reference transforms and :meth:`Sampling.to_json` read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +107,7 @@ class Sampling:
     frequency_penalty: float = 0.0
     """Subtract this times its count from the logit of every token seen before (0: off)."""
 
-    OPTIONAL = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+    OPTIONAL = tuple(p for p in SAMPLER_PARAMETERS if p != "temperature")
     """The fields ``to_json`` writes only when they are not their default."""
 
     @property

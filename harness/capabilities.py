@@ -14,7 +14,7 @@ able to answer (:mod:`harness.compare.judgeable`):
 
 A runner also says how it asked (``prompts``: ids or text; ``request``: the sampling fields it sent;
 ``left_to_server``: those it did not) and, for text prompts, what the server made of them
-(``served_prompt_ids``): the candidate's self-checks (:mod:`harness.checks`) judge these.
+(``served_prompt_ids``): the candidate's self-checks (:mod:`harness.kinds.parity.checks`) judge these.
 """
 
 from __future__ import annotations

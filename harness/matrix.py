@@ -1,7 +1,7 @@
 """The vLLM version matrix: one suite, several vLLM releases, one record per release.
 
 A KV suite (``SUITE=kv_roundtrip [CONNECTOR=...]``) runs the whole round trip -- producer, fresh
-consumer, refusal probe -- inside each release's venv (:mod:`harness.kinds.kv_roundtrip`); no speed
+consumer, refusal probe -- inside each release's venv (:mod:`harness.kinds.kv.kind`); no speed
 is timed there.
 
 ``make matrix MODEL=tiny-llama VLLM="0.31.0 0.32.0"`` gates ``vllm@<version>`` for each release,

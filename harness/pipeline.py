@@ -18,10 +18,10 @@ from typing import Any
 from harness.api import Runner
 from harness.device import UNKNOWN, recorded_class
 from harness.device_policy import DevicePolicy, policy
-from harness.distribution import FIGURES
 from harness.goldens import Golden
-from harness.kinds import KINDS, GateKind, GateRequest, Judgement
 from harness.kinds.base import Transform
+from harness.kinds.distribution import FIGURES
+from harness.kinds.registered import KINDS, GateKind, GateRequest, Judgement
 from harness.models import ModelRef, resolve_model
 from harness.models.arch import model_facts
 from harness.provenance import device_facts, git_dirty, git_sha, now_utc, platform_facts
@@ -206,7 +206,7 @@ def run_ab(ws: Workspace, model_name: str, suite_name: str, a_spec: str, b_spec:
            **kw: Any) -> GateResult:
     """An A/B gate: ``b_spec`` judged against the reference configuration ``a_spec``.
 
-    ``arms``: (A, B) :class:`~harness.kinds.ab.Arm` s that already ran (one A serves several Bs);
+    ``arms``: (A, B) :class:`~harness.kinds.ab.kind.Arm` s that already ran (one A serves several Bs);
     ``transform_b`` rewrites B's scores before judging (planted mutations in tests)."""
     return run_gate_by_name(ws, model_name, suite_name, b_spec, reference=a_spec, transform=transform_b,
                             options={"arms": arms} if arms is not None else None, **kw)

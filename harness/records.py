@@ -50,7 +50,7 @@ UNGUARDED = "no controls registered"
 @dataclass(frozen=True, slots=True)
 class Control:
     """One in-memory mutation control run beside a comparator (the vacuous-gate guard,
-    :mod:`harness.controls`)."""
+    :mod:`harness.kinds.controls`)."""
 
     comparator: str
     mutation: str

@@ -40,13 +40,13 @@ def current_record(ws: Workspace, model: ModelRef, suite: Suite, version: str, c
     """The newest record in the tree of the step ``vllm@<version>`` would run (that model, suite and
     connector, the release's default settings), when it is current: not stale by the rules the pages
     use (its harness SHA in this history and clean, the same goldens, suite version, model, pin)."""
-    from harness.kinds import staleness
+    from harness.kinds.registered import staleness
     from harness.pin import oracle_pin
     from harness.staleness import Current
 
     pinned = oracle_pin().version == version
     if connector is not None:
-        from harness.kv.config import parse_connector
+        from harness.kinds.kv.config import parse_connector
 
         text = parse_connector(connector).text
         names = {f"vllm@{version}/{text}"} | ({text} if pinned else set())

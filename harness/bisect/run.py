@@ -81,7 +81,7 @@ def bisect_releases(ws: Workspace, model_name: str, suite_name: str, good: str, 
         raise BisectError(f"a KV connector ({connector}) needs a KV suite; {suite_name} is not one")
     tail = ""
     if connector:
-        from harness.kv.config import load_connector_class, parse_connector
+        from harness.kinds.kv.config import load_connector_class, parse_connector
 
         spec = parse_connector(connector)
         load_connector_class(spec)  # an unknown module or class is named now, not at every step

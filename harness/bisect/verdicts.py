@@ -4,7 +4,7 @@ status, optionally narrowed to the verdicts a user asks about (``--only``), and 
 Only statuses are compared (``pass``/``fail``/``error``/``refused``/``skip``), never summaries or
 figures, which carry timings and floats that move from run to run. A step whose record judged
 nothing — its outcome ``skip`` (a release lacks a hook the gate needs: named by
-:mod:`harness.kv.compat`), ``vacuous`` (a planted mutation passed: its verdicts prove nothing), or
+:mod:`harness.kinds.kv.compat`), ``vacuous`` (a planted mutation passed: its verdicts prove nothing), or
 only ``error`` verdicts (the engine never produced anything) — is not a point of the search: it is
 skipped, with the record's own reason, and never counted as like or unlike the reference.
 """

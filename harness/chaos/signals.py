@@ -23,7 +23,7 @@ HANG_TIMEOUT_S = 300
 WHAT = {
     "gate": (["gate", "--model", MODEL, "--suite", "smoke", "--candidate", "vllm"], ()),
     "record": (["record", "--model", MODEL, "--suite", "smoke"], ()),
-    "kv": (["gate", "--model", MODEL, "--suite", "kv_roundtrip"], ("harness.kv.phase",)),
+    "kv": (["gate", "--model", MODEL, "--suite", "kv_roundtrip"], ("harness.kinds.kv.phase",)),
 }
 DURING = {"gate": "a gate (vllm candidate)", "record": "goldens recording (make record)",
           "kv": "a KV round trip (producer engine)"}

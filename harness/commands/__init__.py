@@ -1,11 +1,14 @@
-"""The ``harness`` subcommands that live in modules of their own, above everything they call.
+"""Every ``harness <verb>``, above everything it calls; :mod:`harness.cli` only parses and dispatches.
 
-Each module parses its arguments, calls into a feature package and prints; it declares its
-subcommands as ``SUBCOMMANDS`` (name, help, arguments, function), and :mod:`harness.cli` registers
-them all. Feature packages (:mod:`harness.localize`, :mod:`harness.sampling`, :mod:`harness.bisect`,
-:mod:`harness.repin`, :mod:`harness.fleet`) hold the logic and never import a command or the
-pipeline that uses them.
+Each module parses its arguments, calls into the pipeline or a feature package and prints; it
+declares its subcommands as ``SUBCOMMANDS`` (name, help, arguments, function), and
+:mod:`harness.cli` registers them all. Feature packages hold the logic and never import a command or
+the pipeline that uses them.
 
+* :mod:`.gate`            ``harness gate``, ``ab``, ``invariance``, ``record``, ``matrix``
+* :mod:`.records`         ``harness venvs``, ``show``, ``list``, ``export``
+* :mod:`.pages`           ``harness features``, ``history``, ``trend``
+* :mod:`.speed`           ``harness speed``
 * :mod:`.localize`        ``harness localize RECORD``, ``harness plant``, and the diagnosis that
                           follows a failing ``harness gate``
 * :mod:`.localize_sweep`  the planted proof as a sweep (``benchmarks/localize_sweep.py``)
@@ -17,8 +20,9 @@ pipeline that uses them.
 
 from __future__ import annotations
 
-from harness.commands import bisect, fleet, localize, repin, sampling
+from harness.commands import bisect, fleet, gate, localize, pages, records, repin, sampling, speed
 
-SUBCOMMANDS = (*localize.SUBCOMMANDS, *bisect.SUBCOMMANDS, *repin.SUBCOMMANDS, *sampling.SUBCOMMANDS,
+SUBCOMMANDS = (*gate.SUBCOMMANDS, *records.SUBCOMMANDS, *pages.SUBCOMMANDS, *speed.SUBCOMMANDS,
+               *localize.SUBCOMMANDS, *bisect.SUBCOMMANDS, *repin.SUBCOMMANDS, *sampling.SUBCOMMANDS,
                *fleet.SUBCOMMANDS)
 """Every subcommand these modules declare, in the order ``harness --help`` lists them."""

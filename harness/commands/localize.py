@@ -17,8 +17,8 @@ from harness.abilities import TensorSource
 from harness.api import EngineRefused
 from harness.console import error, note, stdout
 from harness.engines import make_runner
-from harness.kinds.localize import KEY, divergences
-from harness.localize.oracle import cache_path, golden_sequence
+from harness.kinds.localize.kind import KEY, divergences
+from harness.kinds.localize.oracle import cache_path, golden_sequence
 from harness.models import resolve_model
 from harness.oracle import oracle_available
 from harness.pipeline import GateResult, run_gate_by_name
@@ -126,7 +126,7 @@ def plant_args(p: argparse.ArgumentParser) -> None:
 
 
 def plant_command(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.localize.plant import PlantError, plant
+    from harness.kinds.localize.plant import PlantError, plant
 
     try:
         got = plant(resolve_model(a.model, ws), a.out, weight=a.weight, layer=a.layer, sub=a.sub,

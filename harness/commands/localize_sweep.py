@@ -1,5 +1,5 @@
 """The planted proof as a sweep: for each sub-block, layer and size, a copy of the model with that
-sub-block's output projection perturbed (:mod:`harness.localize.plant`) is gated with each engine
+sub-block's output projection perturbed (:mod:`harness.kinds.localize.plant`) is gated with each engine
 (``<engine>:weights=<copy>``) and, where its generation diverged, localized. A point is right when
 every diverged case parts at the planted layer and sub-block.
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.commands.localize import localize
-from harness.kinds.localize import KEY, divergences
-from harness.localize.plant import plant
+from harness.kinds.localize.kind import KEY, divergences
+from harness.kinds.localize.plant import plant
 from harness.models import resolve_model
 from harness.pipeline import run_gate
 from harness.suites import find_suite

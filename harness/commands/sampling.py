@@ -26,10 +26,10 @@ def run_sampling(
     write: bool = True,
 ) -> list[GateResult]:
     """One record per candidate; the pinned oracle runs once, before the first."""
-    from harness.kinds.sampling_oracle import oracle_rows
+    from harness.kinds.sampling.oracle import oracle_rows
+    from harness.kinds.sampling.settings import gate_settings
     from harness.models import resolve_model
     from harness.pipeline import kind_of, run_gate
-    from harness.sampling.settings import gate_settings
     from harness.suites import find_suite
 
     model = resolve_model(model_name, ws)

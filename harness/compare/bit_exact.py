@@ -17,7 +17,7 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import explain_divergence, format_topk
-from harness.compare.planting import decisive, plant_decisive_flip, plant_identity, top_rows
+from harness.compare.kernels.planting import decisive, plant_decisive_flip, plant_identity, top_rows
 from harness.compare.strict import divergence
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, Planted, Unit
 from harness.excerpt import INLINE, tail

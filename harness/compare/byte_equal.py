@@ -7,8 +7,8 @@ restored outside the expected range, or one the producer never wrote, is ``extra
 the store could not serve because its file is truncated or corrupted, or a capture file that cannot
 be read back, is an ``error`` naming that page: never a silent pass.
 
-It judges KV pages, not generated tokens: the KV round trip (:mod:`harness.kv.roundtrip`) calls
-:meth:`ByteEqual.judge_kv` with one case's :class:`~harness.page_evidence.CaseEvidence`.
+It judges KV pages, not generated tokens: the KV round trip (:mod:`harness.kinds.kv.roundtrip`) calls
+:meth:`ByteEqual.judge_kv` with one case's :class:`~harness.kv_pages.evidence.CaseEvidence`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, PlantedEvidence, Unit
-from harness.page_evidence import CaptureError, CaseEvidence, MemoryPage, Page
-from harness.pages import PageRef
+from harness.kv_pages.evidence import CaptureError, CaseEvidence, MemoryPage, Page
+from harness.kv_pages.identity import PageRef
 
 SHOW = 8
 """Pages listed per kind in a failure's detail (all of them are in the evidence)."""
@@ -84,14 +84,14 @@ class PageJudgement(NamedTuple):
 def _digest(data: bytes) -> str:
     """The engine's page digest of host bytes. Imported on use: its module carries the GPU kernels
     (torch), which judging and planting on the host never need."""
-    from harness.kv.digest import digest_bytes
+    from harness.kv_pages.digest import digest_bytes
 
     return digest_bytes(data)
 
 
 def _matches(data: bytes, digest: str) -> bool | None:
     """Whether ``data`` has ``digest``, by the algorithm the digest names (imported on use, as above)."""
-    from harness.kv.digest import matches
+    from harness.kv_pages.digest import matches
 
     return matches(data, digest)
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output, Verdict
+from harness.compare.kernels.planting import lower_top1_until, plant_identity, top_rows
 from harness.compare.kl import KL, MODE_HELP, MODES, RUN, KLRows, ModeWish, json_number
-from harness.compare.planting import lower_top1_until, plant_identity, top_rows
 from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
 
 DEFAULT_EDGES = (0, 64, 256, 1024, 4096, 16384)

@@ -165,4 +165,4 @@ CONTROLS = ControlSet(needs=Needs(logprobs=True, min_k=2, gaps=True), mutations=
     Mutation("the oracle's own greedy outputs", "pass", plant_oracle_as_is),
 ))
 """greedy is a check of the candidate against itself, not a suite's comparator: its controls are
-declared here and run by :func:`harness.checks.check_controls`."""
+declared here and run by :func:`harness.kinds.parity.checks.check_controls`."""

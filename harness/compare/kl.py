@@ -1,6 +1,6 @@
 """kl: how far the candidate's next-token distributions are from the oracle's, position by position.
 
-``KL(oracle || candidate)`` per position, after the same prefix (see :mod:`harness.compare.aligned`:
+``KL(oracle || candidate)`` per position, after the same prefix (see :mod:`harness.compare.kernels.aligned`:
 teacher-forced, or until the first divergence when the candidate cannot score a given sequence).
 The statistics follow llama.cpp's ``--kl-divergence`` report: mean with its standard error, median,
 p90/p99/p99.9/max, the share of positions whose top token agrees, and the RMS of Δp, the change in
@@ -19,7 +19,8 @@ from typing import Any, Literal
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.aligned import (
+from harness.compare.explain import RERECORD_HINT, engine_error
+from harness.compare.kernels.aligned import (
     Aligned,
     AlignError,
     Mode,
@@ -28,8 +29,7 @@ from harness.compare.aligned import (
     lookup,
     renormalise,
 )
-from harness.compare.explain import RERECORD_HINT, engine_error
-from harness.compare.planting import lower_top1_until, plant_identity, top_rows
+from harness.compare.kernels.planting import lower_top1_until, plant_identity, top_rows
 from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
 from harness.excerpt import first_line
 

@@ -20,7 +20,7 @@ from typing import Any
 from harness.api import Case, Output, Verdict
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, PlantedEvidence, Unit
 from harness.excerpt import first_line
-from harness.page_evidence import CaseEvidence
+from harness.kv_pages.evidence import CaseEvidence
 
 
 def first_pages(ev: CaseEvidence) -> dict[tuple[str, int], int]:

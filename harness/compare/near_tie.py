@@ -15,7 +15,7 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import explain_divergence, unmapped
-from harness.compare.planting import decisive, outside, own_logprobs, swap, top_rows
+from harness.compare.kernels.planting import decisive, outside, own_logprobs, swap, top_rows
 from harness.compare.strict import divergence
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, Planted, Unit, param
 

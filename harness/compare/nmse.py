@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 
 from harness.api import Case, Output, Verdict
-from harness.compare.aligned import AlignError, align
 from harness.compare.explain import RERECORD_HINT, engine_error
-from harness.compare.kl import RUN, json_number
-from harness.compare.planting import (
+from harness.compare.kernels.aligned import AlignError, align
+from harness.compare.kernels.planting import (
     OVER_BAR,
     covers_vocab,
     log_softmax,
@@ -30,6 +29,7 @@ from harness.compare.planting import (
     with_full,
     with_logprobs,
 )
+from harness.compare.kl import RUN, json_number
 from harness.compare.unit import LOGPROBS, ControlSet, Mutation, Needs, Planted, Unit, param
 from harness.excerpt import first_line
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import engine_error
-from harness.compare.planting import OVER_BAR
+from harness.compare.kernels.planting import OVER_BAR
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Needs, Planted, Unit, param
 
 RUN = "(run)"

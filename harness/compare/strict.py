@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from harness.api import Case, Output, Verdict
 from harness.compare.explain import engine_error, explain_divergence, unmapped
-from harness.compare.planting import plant_decisive_flip, plant_truncate
+from harness.compare.kernels.planting import plant_decisive_flip, plant_truncate
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
 
 

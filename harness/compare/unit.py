@@ -6,7 +6,7 @@ it with one line. The unit holds everything the pipeline asks of a comparator:
 * its **parameters**: the fields of the comparator's dataclass made with :func:`param` are the keys
   its ``[compare.<name>]`` suite table may hold; each default is stated once, there;
 * its **controls**: the planted mutations (and the golden checks' needs) that prove it can fail —
-  the vacuous-gate guard (:mod:`harness.controls`) runs them beside every gate;
+  the vacuous-gate guard (:mod:`harness.kinds.controls`) runs them beside every gate;
 * its **needs**: what it needs the *candidate* to return (token ids, top-k logprobs); a candidate
   that cannot return them makes it impossible, and the record says why;
 * its **device policy** (:data:`Policy`): whether it holds only where devices agree bit for bit,
@@ -122,7 +122,7 @@ class PlantedEvidence:
     """What a mutation made of one case of a KV round trip: the evidence a page comparator judges."""
 
     evidence: Any
-    """A :class:`~harness.page_evidence.CaseEvidence`."""
+    """A :class:`~harness.kv_pages.evidence.CaseEvidence`."""
     note: str = ""
 
 

@@ -165,7 +165,7 @@ def run_vllm_group(g: Group, model: ModelRef, sampling: Sampling, folder: Path,
                                "sampling": sampling.to_json(),
                                "passes": [p.to_json(_score_list(p, done)) for p in g.passes]}, indent=1))
     t0 = time.perf_counter()
-    exited = run_engine([sys.executable, "-m", "harness.invariance.phase", str(req), str(res)], log,
+    exited = run_engine([sys.executable, "-m", "harness.engines.vllm_phase", str(req), str(res)], log,
                         timeout_s, engine_env(repo_on_path=True), cwd=folder,
                         label=f"vLLM engine {g.key} ({model.name}): {', '.join(g.serves)}")
     r = parse_result(g.key, g.settings, read_lines(res), exited, log.read_text(errors="replace"),

@@ -109,20 +109,20 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
     comp = raw.get("compare")
     kv = raw.get("kv")
     if isinstance(kv, dict) and isinstance(kv.get("load"), dict):  # the KV load lane names its own
-        from harness.kv.settings import LOAD_VERDICTS
+        from harness.kinds.kv.settings import LOAD_VERDICTS
 
         return list(LOAD_VERDICTS)
     if isinstance(kv, dict) and isinstance(kv.get("faults"), dict):  # the fault lane: one per fault
-        from harness.kv.fault_inject import BY_NAME
-        from harness.kv.fault_verdict import comparator
+        from harness.kinds.kv.faults.inject import BY_NAME
+        from harness.kinds.kv.faults.verdict import comparator
 
         return [comparator(f) for f in kv["faults"].get("faults", list(BY_NAME))]
     if raw.get("kind") == "invariance":  # its verdicts are named per variant and tier
-        from harness.invariance.settings import verdict_names
+        from harness.kinds.invariance.settings import verdict_names
 
         return verdict_names(raw)
     if raw.get("kind") == "sampling":  # its verdicts are named per parameter
-        from harness.sampling.settings import verdict_names as sampling_verdicts
+        from harness.kinds.sampling.settings import verdict_names as sampling_verdicts
 
         return sampling_verdicts(raw)
     if raw.get("kind") == "api":  # one comparator per facet of its [api] table

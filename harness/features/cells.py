@@ -17,7 +17,7 @@ from typing import Literal
 from harness.excerpt import INLINE, clip
 from harness.features.catalog import Catalog, Column, Row
 from harness.features.sources import Broken, Loaded, newest_first, slug_matches, spec_matches, superseded
-from harness.kinds import is_summary, staleness
+from harness.kinds.registered import is_summary, staleness
 from harness.records import Record, failed_positive, vacuous_reasons
 from harness.staleness import Current, oracle_reasons
 from harness.workspace import Workspace

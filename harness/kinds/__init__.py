@@ -2,25 +2,14 @@
 ``sampling``, ``api``; and ``localize``, which runs on a parity suite (``run_gate(..., kind="localize")``).
 
 Each is a prepare -> run -> judge, plus its staleness rule (:class:`~harness.kinds.base.GateKind`);
-the pipeline (:mod:`harness.pipeline`) runs them and builds the one record. A new kind is one module
-that registers itself with :func:`~harness.kinds.base.register_kind` and one import below.
+the pipeline (:mod:`harness.pipeline`) runs them and builds the one record. One kind is one package
+holding its settings, run, judge and controls, its :class:`~harness.kinds.base.GateKind` in
+``kind.py``; :mod:`.registered` imports every kind (a new kind is one import there).
+
+Beside the kinds, what several of them share: :mod:`.base` (the contract), :mod:`.controls` (planted
+mutations of every comparator, run for the record), :mod:`.distribution` (the run-level distribution
+verdicts of the parity and A/B gates) and :mod:`.summary` (summary record kinds).
+
+This file imports nothing: vLLM loads the KV connectors (:mod:`harness.kinds.kv.connector`) inside
+its engine processes by module path, and loading one must not load every gate kind.
 """
-
-from harness.kinds import ab, api, invariance, kv_roundtrip, localize, parity, sampling  # noqa: F401 - they register
-from harness.kinds.base import KINDS, GateKind, GateRequest, Judgement, register_kind
-from harness.kinds.summary import SUMMARIES, is_summary
-from harness.records import Record
-from harness.staleness import Current, common_reasons
-
-__all__ = ["KINDS", "SUMMARIES", "GateKind", "GateRequest", "Judgement", "is_summary", "register_kind",
-           "staleness"]
-
-
-def staleness(rec: Record, cur: Current) -> list[str]:
-    """Why ``rec`` no longer describes the tree (empty: it still does): the rules every record has,
-    then its gate kind's (or summary kind's, :mod:`harness.kinds.summary`) own."""
-    kind = KINDS.find(rec.kind) or SUMMARIES.find(rec.kind)
-    own = kind.stale(rec, cur) if kind is not None else [
-        f"record kind {rec.kind!r} is no gate or summary kind of this tree: nothing can say whether it "
-        "still holds"]
-    return common_reasons(rec, cur) + own

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harness.api import EngineInfo, Output, Runner, Verdict
+from harness.engines.base import split_spec
 from harness.goldens import Golden
 from harness.models import ModelRef
 from harness.records import Control, Record
@@ -23,7 +24,7 @@ from harness.suites import Suite
 from harness.workspace import Workspace
 
 if TYPE_CHECKING:
-    from harness.distribution import Distribution
+    from harness.kinds.distribution import Distribution
     from harness.speed import Speed
 
 Transform = Callable[[Sequence[Output]], list[Output]]
@@ -125,3 +126,24 @@ def register_kind(kind: GateKind, help: str) -> GateKind:  # noqa: A002
         raise TypeError(f"gate kind {type(kind).__name__} lacks {', '.join(missing)} "
                         "(see harness.kinds.base.GateKind)")
     return KINDS.register(kind.name, help=help)(kind)
+
+
+def say(req: GateRequest, text: str, echo: str | None = None) -> None:
+    """Hand one line of progress to the request's ``progress`` callback; without one, print it as
+    ``<echo>: text`` when ``echo`` is given, else say nothing."""
+    progress: Callable[[str], None] | None = req.options.get("progress")
+    if progress is not None:
+        progress(text)
+    elif echo is not None:
+        print(f"{echo}: {text}", flush=True)
+
+
+def engine_info(runner: Any, spec: str) -> EngineInfo:
+    """What ``runner`` says of itself, or, for none or one that never started (it may not know its
+    version), what its spec says."""
+    if runner is not None:
+        try:
+            return runner.info()
+        except Exception:  # noqa: BLE001 - an engine that never started may not know its version
+            pass
+    return EngineInfo(spec, split_spec(spec)[0], "unknown")

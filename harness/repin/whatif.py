@@ -7,7 +7,7 @@ complete and current for that release (checksums, suite version, model digest, p
 ``--fresh`` records again.
 
 Old against new, per model and suite: the new goldens play the candidate against the committed ones
-through the parity kind's own judging (:func:`harness.kinds.parity.judge`) with three comparators
+through the parity kind's own judging (:func:`harness.kinds.parity.kind.judge`) with three comparators
 whatever the suite gates — ``strict`` (reported), ``near_tie`` and ``kl`` (gated; the suite's own
 parameters when it sets them, else the defaults) — and their planted-mutation controls, so a
 comparison that could not have failed says so (``vacuous``). KL runs on the top-k rows the goldens
@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.api import Verdict
-from harness.controls import suite_controls
 from harness.goldens import Golden, golden_dir, read_golden, staleness
+from harness.kinds.controls import suite_controls
 from harness.models import ModelRef, resolve_model
 from harness.oracle import load_or_record, record_goldens
 from harness.pin import OraclePin, oracle_pin
@@ -99,7 +99,7 @@ class Compared:
 def compare(model: ModelRef, suite: Suite, old: Golden, new: Golden
             ) -> tuple[list[Verdict], list[Control], str, str]:
     """Old goldens (oracle) against new ones (candidate): verdicts, controls, outcome, summary."""
-    from harness.kinds.parity import judge, summarize
+    from harness.kinds.parity.kind import judge, summarize
 
     judged = comparison_suite(suite)
     verdicts = judge(old, new.outputs, judged, model.decode)

@@ -33,19 +33,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from harness.api import Sampling
+from harness.api import SAMPLER_PARAMETERS, Sampling
 from harness.registry import Registry
-
-PARAMETERS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-)
-"""The sampling parameters the gate judges (fields of :class:`~harness.api.Sampling`)."""
 
 DEFAULT_TOL = 1e-3
 """Borderline width: nats for a logit cut (top-k, min-p), probability for a cumulative one (top-p)."""
@@ -272,7 +261,7 @@ def transform(
     position, the parameters ``s`` and the tokens a penalty may see.
 
     ``steps`` replaces step functions and ``order`` the chain's order: the planted samplers
-    (:mod:`harness.sampling.doubles`) are this same code with one step wrong."""
+    (:mod:`harness.kinds.sampling.doubles`) are this same code with one step wrong."""
     impl = {**STEPS, **(steps or {})}
     x = np.asarray(logits, np.float64).copy()
     border: set[int] = set()
@@ -296,4 +285,4 @@ def transform(
 def changed_by(s: Sampling) -> tuple[str, ...]:
     """The parameters of ``s`` that are not at their neutral value."""
     neutral = Sampling(1, temperature=1.0)
-    return tuple(p for p in PARAMETERS if getattr(s, p) != getattr(neutral, p))
+    return tuple(p for p in SAMPLER_PARAMETERS if getattr(s, p) != getattr(neutral, p))

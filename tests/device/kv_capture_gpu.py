@@ -46,11 +46,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.kv import digest_triton as dt  # noqa: E402
-from harness.kv.capture import PageTag, read_capture  # noqa: E402
-from harness.kv.capture_write import CaptureWriter  # noqa: E402
-from harness.kv.digest import NAME, device_digests, digest_bytes, fused_digests, fused_lane_sums  # noqa: E402
-from harness.pages import PageRef  # noqa: E402
+from harness.kinds.kv.capture import PageTag, read_capture  # noqa: E402
+from harness.kinds.kv.capture_write import CaptureWriter  # noqa: E402
+from harness.kv_pages import digest_triton as dt  # noqa: E402
+from harness.kv_pages.digest import NAME, device_digests, digest_bytes, fused_digests, fused_lane_sums  # noqa: E402
+from harness.kv_pages.identity import PageRef  # noqa: E402
 
 RESULTS: dict = {"checks": {}, "rates": {}, "errors": {}}
 
@@ -273,7 +273,7 @@ def capture_pass(cache: list[torch.Tensor], ids: list[int], folder: Path, device
         if mode == "digests":
             expected = got
         r[f"capture_digest_only_{'restore' if mode == 'mismatch' else 'write'}_s_per_pass"] = dt_
-    from harness.kv.digest import cache_digests
+    from harness.kv_pages.digest import cache_digests
 
     dev_sync(device)
     t0 = time.perf_counter()

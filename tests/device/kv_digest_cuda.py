@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from harness.kv.digest import NAME, as_page_bytes, digest_bytes, page_digests  # noqa: E402
+from harness.kv_pages.digest import NAME, as_page_bytes, digest_bytes, page_digests  # noqa: E402
 
 
 def timed(fn, reps: int = 10) -> float:  # noqa: ANN001

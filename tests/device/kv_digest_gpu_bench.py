@@ -50,8 +50,8 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.kv import digest_triton as dt  # noqa: E402
-from harness.kv.digest import NAME, device_digests, digest_bytes, format_sums, fused_lane_sums  # noqa: E402
+from harness.kv_pages import digest_triton as dt  # noqa: E402
+from harness.kv_pages.digest import NAME, device_digests, digest_bytes, format_sums, fused_lane_sums  # noqa: E402
 
 GOAL = 0.8
 """Of the read-only reduction's bytes per second."""
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f.line())
     if best_cfg and best_cfg != {"variant": "rows", **{k: v for k, v in r["default"].items() if k != "variant"}}:
         print(f"best rows configuration differs from the defaults: {best_cfg} "
-              f"(set ROWS/ROW_BLOCK/STAGES/ROW_WARPS in harness/kv/digest_triton.py)")
+              f"(set ROWS/ROW_BLOCK/STAGES/ROW_WARPS in harness/kv_pages/digest_triton.py)")
     print(f"record: {path}")
     print("OK" if ok else "FAILED")
     return 0 if ok else 1

@@ -39,8 +39,8 @@ from harness.compare.nmse import nmse_rows  # noqa: E402
 from harness.engines import make_runner  # noqa: E402
 from harness.excerpt import LOG, NOTE, clip, tail  # noqa: E402
 from harness.goldens import golden_dir, read_golden  # noqa: E402
-from harness.kinds.localize import divergences  # noqa: E402
-from harness.localize.oracle import cache_path, golden_sequence, oracle_tensors, read_cached  # noqa: E402
+from harness.kinds.localize.kind import divergences  # noqa: E402
+from harness.kinds.localize.oracle import cache_path, golden_sequence, oracle_tensors, read_cached  # noqa: E402
 from harness.models import resolve_model  # noqa: E402
 from harness.pipeline import run_gate_by_name  # noqa: E402
 from harness.workspace import Workspace  # noqa: E402

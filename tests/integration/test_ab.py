@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from harness.api import Output
-from harness.kinds.ab import Arm, run_arm, run_arms
+from harness.kinds.ab.kind import Arm, run_arm, run_arms
 from harness.models import resolve_model
 from harness.pipeline import run_ab
 from harness.records import load_record

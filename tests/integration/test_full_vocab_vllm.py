@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.api import Case, Sampling
-from harness.compare.full import dense_from_topk
+from harness.compare.kernels.full import dense_from_topk
 from harness.engines.vllm import VLLMRunner
 from harness.models import resolve_model
 from harness.workspace import Workspace

@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from harness.api import Output
-from harness.kinds import KINDS
 from harness.kinds.base import GateRequest
-from harness.kinds.invariance import Ran
+from harness.kinds.invariance.kind import Ran
+from harness.kinds.registered import KINDS
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.records import load_record

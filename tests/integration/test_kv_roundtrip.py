@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.kv.capture import read_capture
-from harness.pages import prefix_keys
+from harness.kinds.kv.capture import read_capture
+from harness.kv_pages.identity import prefix_keys
 from harness.pipeline import GateResult, run_gate_by_name
 from harness.records import load_record
 from harness.workspace import REPO_ROOT, Workspace

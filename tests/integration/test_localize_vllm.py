@@ -18,8 +18,8 @@ import pytest
 
 from harness.cli import main
 from harness.commands.localize import localize
-from harness.kinds.localize import divergences
-from harness.localize.plant import plant
+from harness.kinds.localize.kind import divergences
+from harness.kinds.localize.plant import plant
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.records import iter_record_paths, load_record

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness.apisurface.facets import FACETS, Context
-from harness.apisurface.reference import Reference
-from harness.apisurface.settings import api_settings
+from harness.kinds.api.facets import FACETS, Context
+from harness.kinds.api.reference import Reference
+from harness.kinds.api.settings import api_settings
 from harness.suites import find_suite
 from harness.workspace import REPO_ROOT
 

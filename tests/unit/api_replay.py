@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from harness.apisurface.proxy import QuietServer
+from harness.kinds.api.proxy import QuietServer
 
 DATA = Path(__file__).parent / "data"
 SUITE = "api_smoke"
@@ -123,11 +123,11 @@ def recorder(upstream: str, into: dict[str, dict[str, Any]]) -> Iterator[str]:
 def record(model_name: str) -> Path:
     """Start the pinned vLLM server, send it everything one API gate sends (through the controls'
     proxy too), keep every answer."""
-    from harness.apisurface.observe import observe
-    from harness.apisurface.proxy import FAULTS
-    from harness.apisurface.surface import base_probes, control, ordinary_text, plan, with_base
     from harness.engines import RunnerContext, make_runner
-    from harness.kinds.api import PINNED, configure
+    from harness.kinds.api.kind import PINNED, configure
+    from harness.kinds.api.observe import observe
+    from harness.kinds.api.proxy import FAULTS
+    from harness.kinds.api.surface import base_probes, control, ordinary_text, plan, with_base
     from harness.models import resolve_model
     from harness.workspace import Workspace
     from tests.unit.api_kit import context

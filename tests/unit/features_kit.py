@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import EngineInfo, Verdict
-from harness.records import Control, Record, new_record_id, write_record
+from harness.records import Control, Record, write_record
 from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import PIN
+from tests.unit import record_kit
 
 CASES = tuple(f"c0{i}" for i in range(1, 9))
 
@@ -98,8 +99,8 @@ def make_record(ws: Workspace, *, candidate: str = "hf", created: str = "2026-11
                              evidence={"reason": "fp8 KV cache needs AVX-512"} if st == "refused" else {})
                      for comp, sts in statuses.items() for i, st in enumerate(sts))
     sha = harness_sha if harness_sha is not None else git(ws.root, "rev-parse", "HEAD")
-    rec = Record(
-        id=new_record_id(created, sha, candidate), kind="gate", created=created,
+    rec = record_kit.make_record(
+        created=created, sha=sha, dirty=dirty,
         model={"name": "tiny-llama", "digest": manifest["model"]["digest"],
                "architecture": "LlamaForCausalLM", "attention": "full attention, MQA 2q/1kv"},
         suite={"name": "smoke", "version": manifest["suite"]["version"], "digest": "x"},
@@ -108,7 +109,6 @@ def make_record(ws: Workspace, *, candidate: str = "hf", created: str = "2026-11
                 "settings": manifest["oracle"]["settings"]},
         candidate=EngineInfo(candidate, "cpp" if candidate == "cpp" else "transformers", "1.0",
                              candidate_sha, dict(settings or {})),
-        harness={"sha": sha, "dirty": dirty}, outcome=outcome,  # type: ignore[arg-type]
-        summary="test record", verdicts=verdicts, gates=("near_tie",),
+        outcome=outcome, summary="test record", verdicts=verdicts, gates=("near_tie",),
         controls=tuple(ok_controls() if controls is None else controls), extra=dict(extra or {}))
     return rec, (write_record(ws.records, rec) if write else None)

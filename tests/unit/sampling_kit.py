@@ -10,8 +10,8 @@ import numpy as np
 
 from harness.abilities import SamplerTraits
 from harness.api import Case, Sampling
-from harness.sampling.plan import OracleRows
-from harness.sampling.settings import GateSettings, Setting
+from harness.kinds.sampling.draws import OracleRows
+from harness.kinds.sampling.settings import GateSettings, Setting
 
 V = 400
 REPEATED = (5, 6, 7)

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from harness.abilities import Endpoint, ServesOpenAI
-from harness.apisurface.facets import FACETS, comparator
-from harness.apisurface.facets.robustness import Robustness
-from harness.apisurface.observe import observe
-from harness.apisurface.proxy import FAULTS, Fault, proxy
-from harness.apisurface.settings import api_settings
-from harness.apisurface.surface import base_probes, control, judge, ordinary_text, plan, with_base
-from harness.apisurface.views import view
 from harness.engines.openai.options import parse_openai_spec
 from harness.engines.openai.transport import Exchange
+from harness.kinds.api.facets import FACETS, comparator
+from harness.kinds.api.facets.robustness import Robustness
+from harness.kinds.api.observe import observe
+from harness.kinds.api.proxy import FAULTS, Fault, proxy
+from harness.kinds.api.settings import api_settings
+from harness.kinds.api.surface import base_probes, control, judge, ordinary_text, plan, with_base
+from harness.kinds.api.views import view
 from harness.models.digest import TEMPLATE_FILE, content_digest
 from harness.suites import SuiteError, load_suite
 from harness.workspace import REPO_ROOT
@@ -72,7 +72,7 @@ def test_a_candidate_that_changes_a_tool_argument_fails_naming_both_values(repla
 
 def test_a_request_the_double_never_saw_is_refused_not_answered(replay) -> None:  # type: ignore[no-untyped-def]
     _ctx, _probes, _oracle, ep = replay
-    from harness.apisurface.observe import transport
+    from harness.kinds.api.observe import transport
 
     ex = transport(ep).exchange("/completions", {"prompt": "never recorded", "max_tokens": 3})
     assert ex.status == 404 and "not recorded" in view(ex).error

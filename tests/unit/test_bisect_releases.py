@@ -17,7 +17,7 @@ from harness.bisect.index import ReleaseIndex
 from harness.bisect.run import bisect_releases
 from harness.features import generate
 from harness.goldens import golden_dir, read_golden
-from harness.kinds import staleness
+from harness.kinds.registered import staleness
 from harness.models import resolve_model
 from harness.records import load_record
 from harness.staleness import Current

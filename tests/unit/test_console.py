@@ -16,16 +16,16 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from harness.api import EngineInfo, Verdict
+from harness.api import Verdict
 from harness.cli import main
 from harness.console import LOG_WIDTH, log_width, make_console
 from harness.provenance import git_dirty, git_sha, tree_label
-from harness.records import Control, Record, new_record_id, write_record
+from harness.records import Control, Record, write_record
 from harness.report import print_record, verdict_table
 from harness.report_markdown import record_markdown
 from harness.steps import step
 from harness.workspace import REPO_ROOT
-from tests.pins import PIN
+from tests.unit.record_kit import make_record
 
 # Comparator names as long as the ones a CI log cut ("bit_exac", "prefix_c"), and verdicts whose
 # words must not be split (a verdict summary starts with its comparator, as the real ones do).
@@ -45,12 +45,8 @@ def wide_record(sha: str | None = "1a2b3c4d5e6f", dirty: bool = False, outcome: 
         verdicts[0] = Verdict("case00", "strict", "fail", "strict FAIL at token 17/32 | a pipe",
                               detail="smoke/case00: strict FAIL at token 17/32\n  prefix     : 'Everyone is'\n"
                                      "  if the oracle changed on purpose: make record MODEL=tiny-llama")
-    return Record(
-        id=new_record_id(created, sha, "hf"), kind="parity", created=created,
-        model={"name": "tiny-llama", "digest": "f" * 64},
-        suite={"name": "smoke", "version": 1, "digest": "s" * 64},
-        oracle={"engine": "vllm", "version": PIN.version, "pin": PIN.spec},
-        candidate=EngineInfo("hf", "transformers", "5.19.0"), harness={"sha": sha, "dirty": dirty},
+    return make_record(
+        created=created, sha=sha, dirty=dirty, kind="parity", model={"name": "tiny-llama", "digest": "f" * 64},
         outcome=outcome, summary=f"smoke: 3 cases — {outcome}", verdicts=tuple(verdicts), gates=COMPARATORS,
         timings={"candidate_wall_s": 2.5},
         controls=(Control("strict", "flip decisive token", "fail", "fail 8/8", True),))
@@ -196,7 +192,7 @@ def test_in_a_terminal_a_step_is_a_live_status_with_its_elapsed_time() -> None:
 def test_processes_that_run_under_other_vllm_releases_do_not_import_rich() -> None:
     """vLLM's child processes import the engine package under a release's own interpreter, where
     only the standard library (and vLLM) can be assumed: a step must not pull rich in there."""
-    code = ("import sys, harness.engines.vllm_worker, harness.kv.phase, harness.invariance.phase, "
+    code = ("import sys, harness.engines.vllm_worker, harness.kinds.kv.phase, harness.engines.vllm_phase, "
             "harness.steps; print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert r.returncode == 0, r.stderr

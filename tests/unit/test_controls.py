@@ -11,15 +11,15 @@ import pytest
 
 from harness import compare
 from harness.api import Case, EngineInfo, Output, RunFacts, Sampling, Verdict
+from harness.compare.kernels.planting import plant_decisive_flip
 from harness.compare.kl import KL
 from harness.compare.near_tie import NearTie
 from harness.compare.nmse import NMSE
-from harness.compare.planting import plant_decisive_flip
 from harness.compare.strict import Strict
 from harness.compare.unit import TOKENS, ControlSet, Mutation, Unit
-from harness.controls import run_controls
 from harness.features import generate
 from harness.goldens import read_golden
+from harness.kinds.controls import run_controls
 from harness.pipeline import run_gate_by_name
 from harness.records import GOLDEN_CHECK, UNGUARDED, failed_positive, guard, vacuous_reasons
 from harness.workspace import REPO_ROOT
@@ -345,9 +345,9 @@ def test_token_mutations_change_the_text_too_so_text_only_strict_is_guarded() ->
 
 def evidence(n: int = 4, size: int = 64, pages: list[bytes] | None = None):  # noqa: ANN201
     """One case's KV evidence: ``n`` pages written (and restored as written), chunk 32."""
-    from harness.kv.digest import digest_bytes
-    from harness.page_evidence import CaseEvidence, MemoryPage
-    from harness.pages import PageRef
+    from harness.kv_pages.digest import digest_bytes
+    from harness.kv_pages.evidence import CaseEvidence, MemoryPage
+    from harness.kv_pages.identity import PageRef
 
     rng = np.random.default_rng(0)
     data = pages if pages is not None else [rng.integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -405,7 +405,7 @@ def test_degenerate_page_captures_are_vacuous(captured, needle: str) -> None:  #
 
 def test_suite_controls_follow_the_candidates_capabilities() -> None:
     from harness.capabilities import Capabilities
-    from harness.controls import suite_controls
+    from harness.kinds.controls import suite_controls
     from harness.suites import find_suite
 
     suite = find_suite(REPO_ROOT / "suites", "smoke")

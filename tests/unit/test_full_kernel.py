@@ -1,4 +1,4 @@
-"""The compiled full-vocabulary kernel (harness/compare/kernels.py) gives the numpy path's facts and the
+"""The compiled full-vocabulary kernel (harness/compare/kernels/compiled.py) gives the numpy path's facts and the
 naive float64 answer, on any shape, any block boundary, and the values engines really produce
 (-inf, raw logits, NaN); its exp is within 2 ulp of numpy's."""
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.compare import kernels
-from harness.compare.full import row_facts
+from harness.compare.kernels import compiled as kernels
+from harness.compare.kernels.full import row_facts
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
 

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from harness.api import Case, Output, Sampling
 from harness.compare import build, unit
-from harness.compare.full import dense_from_topk, row_facts, topk
+from harness.compare.kernels.full import dense_from_topk, row_facts, topk
 from harness.compare.kl import KL, RUN, plant_kl_shift
 from harness.compare.nmse import NMSE, plant_nmse_noise
 from harness.compare.unit import Needs
-from harness.controls import golden_checks, run_controls
+from harness.kinds.controls import golden_checks, run_controls
 from harness.suites import FULL_TOP_K, SuiteError, load_suite
 
 CASE = Case("c01", (1, 2, 3))

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.compare.fused import judge_run
+from harness.compare.kernels.fused import judge_run
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,12 +20,13 @@ from harness.compare import build, unit
 from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
 from harness.compare.rl_logprobs import RUN, RLLogprobs, rl_stats
-from harness.controls import run_controls
 from harness.engines.procs import Exited
 from harness.engines.worker_lines import Lines
 from harness.features.catalog import load_catalog
 from harness.features.cells import judge_record
-from harness.invariance.plan import (
+from harness.kinds.controls import run_controls
+from harness.kinds.invariance.kind import Ran
+from harness.kinds.invariance.plan import (
     ALONE,
     BASE,
     INVERSE,
@@ -39,13 +40,12 @@ from harness.invariance.plan import (
     make_plan,
     shared_groups,
 )
-from harness.invariance.run import GroupResult, TrainerResult, output_from_line, parse_result
-from harness.invariance.settings import InvarianceError, parse, verdict_name, verdict_names
-from harness.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, inverse_control, judge_pairs
-from harness.invariance.trainer import mode_logprobs
-from harness.kinds import staleness
-from harness.kinds.invariance import Ran
-from harness.kv.config import store_settings
+from harness.kinds.invariance.run import GroupResult, TrainerResult, output_from_line, parse_result
+from harness.kinds.invariance.settings import InvarianceError, parse, verdict_name, verdict_names
+from harness.kinds.invariance.tiers import FAULTS, Pair, Tiers, fault_controls, inverse_control, judge_pairs
+from harness.kinds.invariance.trainer import mode_logprobs
+from harness.kinds.kv.config import store_settings
+from harness.kinds.registered import staleness
 from harness.pipeline import run_gate_by_name
 from harness.records import guard, load_record, vacuous_reasons
 from harness.staleness import Current
@@ -464,8 +464,8 @@ def synthetic_ran(plan: Plan, *, inverse_shift: bool = True, warm_hits: int = 32
 
 def gate(ws: Workspace, ran_of: Callable[[Plan], Ran], **kw: Any):  # noqa: ANN201
     """run_gate with the engines' results given (the plan is the kind's own)."""
-    from harness.kinds import KINDS
     from harness.kinds.base import GateRequest
+    from harness.kinds.registered import KINDS
     from harness.models import resolve_model
     from harness.suites import find_suite
 
@@ -643,8 +643,8 @@ def test_a_variant_engine_too_short_for_a_case_is_bad_input(inv_ws: Workspace) -
 
 
 def test_a_start_that_meets_a_busy_machine_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.invariance import run as run_mod
-    from harness.invariance.plan import Group, Pass
+    from harness.kinds.invariance import run as run_mod
+    from harness.kinds.invariance.plan import Group, Pass
 
     busy = ("ValueError: Available memory on node 0 (6.6/23.54 GiB) on startup is less than desired CPU "
             "memory utilization (0.3, 7.06 GiB).")

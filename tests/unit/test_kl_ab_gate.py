@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from harness.api import EngineInfo, Output
-from harness.kinds.ab import Arm, capacity_ratio, same_decode_path
+from harness.kinds.ab.kind import Arm, capacity_ratio, same_decode_path
 from harness.models import resolve_model
 from harness.pipeline import run_ab
 from harness.report import ab_lines

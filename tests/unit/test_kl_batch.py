@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.api import Case, Output
-from harness.compare.batch import check_logprobs_close_loop, judge_batch
+from harness.compare.kernels.batch import check_logprobs_close_loop, judge_batch
 from harness.compare.near_tie import NearTie
 from harness.compare.strict import Strict
 

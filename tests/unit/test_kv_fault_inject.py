@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.kv import fault_controls
-from harness.kv.fault_controls import double_row, run_double_controls
-from harness.kv.fault_inject import (
+from harness.kinds.kv.faults import controls as fault_controls
+from harness.kinds.kv.faults.controls import double_row, run_double_controls
+from harness.kinds.kv.faults.inject import (
     FAULTS,
     FaultError,
     build_shim,
@@ -33,8 +33,8 @@ from harness.kv.fault_inject import (
     store_difference,
     truncate_file,
 )
-from harness.kv.fault_verdict import RowFacts, classify, double_controls, vacuity_controls, verdict
-from harness.kv.settings import KVSettings
+from harness.kinds.kv.faults.verdict import RowFacts, classify, double_controls, vacuity_controls, verdict
+from harness.kinds.kv.settings import KVSettings
 from harness.suites import SuiteError, load_suite
 
 STORAGE = [f.name for f in FAULTS if f.when != "cycle"]
@@ -217,10 +217,10 @@ def test_fault_table_errors_name_the_key(tmp_path: Path) -> None:
 
 
 def test_the_docs_table_is_the_committed_records() -> None:
-    from harness.kv.fault_table import block, committed
+    from harness.kinds.kv.faults.table import block, committed
 
     root = Path("reports/records")
     assert committed(root), "no kv_faults record is committed"
     assert block(root) in Path("docs/kv-faults.md").read_text(), (
         "docs/kv-faults.md's table differs from the committed kv_faults records: "
-        "python -m harness.kv.fault_table rewrites it")
+        "python -m harness.kinds.kv.faults.table rewrites it")

@@ -9,11 +9,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.kv.capture import PageTag, read_capture
-from harness.kv.capture_write import CaptureWriter, gather
-from harness.kv.digest import cache_digests, page_digests
-from harness.kv.layout import CacheLayoutError, block_dim, block_dim_of, block_dims, check_ids, layer_tensor
-from harness.pages import PageRef
+from harness.kinds.kv.capture import PageTag, read_capture
+from harness.kinds.kv.capture_write import CaptureWriter, gather
+from harness.kv_pages.digest import cache_digests, page_digests
+from harness.kv_pages.identity import PageRef
+from harness.kv_pages.layout import (
+    CacheLayoutError,
+    block_dim,
+    block_dim_of,
+    block_dims,
+    check_ids,
+    layer_tensor,
+)
 
 N_BLOCKS, BLOCK, HEADS, HEAD = 7, 16, 2, 8
 PAGE_NBYTES = 2 * BLOCK * HEADS * HEAD * 2  # keys and values, bfloat16

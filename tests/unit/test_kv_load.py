@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from harness.api import Case
-from harness.kv.capture import PageTag, read_capture
-from harness.kv.capture_write import CaptureWriter, SchedulerLog
-from harness.kv.load import flip_requests, load_requests
-from harness.kv.load_judge import BIT_EXACT, EVIDENCE, GATES, NEAR_TIE, PAGES, judge_load
-from harness.kv.passes import Phase
-from harness.kv.settings import LoadSettings
-from harness.pages import PageRef, prefix_keys
+from harness.kinds.kv.capture import PageTag, read_capture
+from harness.kinds.kv.capture_write import CaptureWriter, SchedulerLog
+from harness.kinds.kv.load import flip_requests, load_requests
+from harness.kinds.kv.load_judge import BIT_EXACT, EVIDENCE, GATES, NEAR_TIE, PAGES, judge_load
+from harness.kinds.kv.passes import Phase
+from harness.kinds.kv.settings import LoadSettings
+from harness.kv_pages.identity import PageRef, prefix_keys
 from harness.suites import SuiteError
 from harness.tomlcheck import Where
 from tests.pins import PIN

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.pages import PageRef, blocks_completed, expected_hit_tokens, prefix_key, prefix_keys
+from harness.kv_pages.identity import PageRef, blocks_completed, expected_hit_tokens, prefix_key, prefix_keys
 
 ids_strategy = st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=300)
 

@@ -11,7 +11,7 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 
-from harness.kv.plan import (
+from harness.kinds.kv.plan import (
     NULL_BLOCK_ID,
     RequestTracker,
     Tags,
@@ -19,7 +19,7 @@ from harness.kv.plan import (
     first_block_in_window,
     groups_of,
 )
-from harness.pages import prefix_keys
+from harness.kv_pages.identity import prefix_keys
 
 PROMPT = list(range(10, 110))  # 100 tokens: blocks [0,32) [32,64) [64,96) are full
 

@@ -18,7 +18,7 @@ from harness.engines.venvs import (
     substitute_local_builds,
     venv_listing,
 )
-from harness.kinds.kv_roundtrip import release_of
+from harness.kinds.kv.kind import release_of
 from harness.pin import oracle_pin
 from harness.suites import SuiteError
 
@@ -40,7 +40,7 @@ def test_release_of_names_the_release_or_the_pin() -> None:
 
 def _tap_engine(cls: str = "ExampleConnector", **extra: object) -> dict:
     return {"block_size": 32, "kv_transfer_config": {
-        "kv_connector": "HarnessTapConnector", "kv_connector_module_path": "harness.kv.tap",
+        "kv_connector": "HarnessTapConnector", "kv_connector_module_path": "harness.kinds.kv.tap",
         "kv_role": "kv_both", "kv_load_failure_policy": "recompute", **extra,
         "kv_connector_extra_config": {"harness": {"tap": {
             "module": "vllm.distributed.kv_transfer.kv_connector.v1.example_connector", "class": cls}}}}}
@@ -50,7 +50,7 @@ def test_compat_on_the_installed_release_absorbs_nothing_and_names_the_tap() -> 
     from vllm.distributed.kv_transfer.kv_connector.v1.base import supports_hma
     from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
 
-    from harness.kv.compat import adapt
+    from harness.kinds.kv.compat import adapt
 
     engine, got = adapt(_tap_engine())
     assert got.missing == [] and got.notes == []
@@ -61,7 +61,7 @@ def test_compat_on_the_installed_release_absorbs_nothing_and_names_the_tap() -> 
 
 
 def test_compat_leaves_out_a_transfer_field_the_release_lacks_and_says_so() -> None:
-    from harness.kv.compat import adapt
+    from harness.kinds.kv.compat import adapt
 
     engine, got = adapt(_tap_engine(kv_made_up_policy="eager"))
     assert "kv_made_up_policy" not in engine["kv_transfer_config"]
@@ -88,8 +88,8 @@ def test_a_renamed_connector_keeps_its_meaning_on_a_release_that_has_the_other_n
 
     from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
 
-    from harness.kv.compat import adapt
-    from harness.kv.config import parse_connector
+    from harness.kinds.kv.compat import adapt
+    from harness.kinds.kv.config import parse_connector
 
     assert parse_connector("SharedStorageConnector") == parse_connector("ExampleConnector")
     engine, got = adapt({**_tap_engine(), "kv_transfer_config": {
@@ -114,7 +114,7 @@ def test_a_renamed_connector_keeps_its_meaning_on_a_release_that_has_the_other_n
 def test_a_connector_no_release_name_reaches_is_left_for_the_tap_to_refuse(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from harness.kv.compat import adapt
+    from harness.kinds.kv.compat import adapt
 
     monkeypatch.setitem(sys.modules, NEW_MODULE, None)
     monkeypatch.setitem(sys.modules, OLD_MODULE, None)
@@ -129,8 +129,8 @@ def test_a_release_without_a_needed_hook_is_a_named_skip(monkeypatch: pytest.Mon
     skip naming the hook and the release, and starts no engine."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-    from harness.kv import phase
-    from harness.kv.compat import adapt
+    from harness.kinds.kv import phase
+    from harness.kinds.kv.compat import adapt
 
     monkeypatch.delattr(KVConnectorBase_V1, "wait_for_layer_load")
     _, got = adapt(_tap_engine())
@@ -144,8 +144,8 @@ def test_a_release_without_a_needed_hook_is_a_named_skip(monkeypatch: pytest.Mon
 
 
 def test_a_skipped_phase_makes_skip_verdicts_not_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from harness.kv import roundtrip
-    from harness.kv.passes import Phase
+    from harness.kinds.kv import roundtrip
+    from harness.kinds.kv.passes import Phase
     from harness.models import resolve_model
     from harness.suites import find_suite
     from harness.workspace import Workspace
@@ -254,7 +254,7 @@ class KVConnectorBase_V1(ABC):
 
 
 def test_the_source_tells_what_a_release_lacks_before_it_is_installed() -> None:
-    from harness.kv.compat import BASE_FILE, NO_KV_CACHE_CONFIG, missing_in_source
+    from harness.kinds.kv.compat import BASE_FILE, NO_KV_CACHE_CONFIG, missing_in_source
 
     assert missing_in_source(OLD_BASE) == ["KVConnectorBase_V1.get_block_ids_with_load_errors", NO_KV_CACHE_CONFIG]
     installed = Path(__import__("vllm").__file__).parents[1] / BASE_FILE

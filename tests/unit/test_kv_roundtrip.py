@@ -8,13 +8,13 @@ import torch
 
 from harness.api import Case
 from harness.compare.byte_equal import ByteEqual
-from harness.kv.capture import PageTag, read_capture
-from harness.kv.capture_write import CaptureWriter, SchedulerLog
-from harness.kv.judge import Judge
-from harness.kv.passes import Phase, consumer_passes, producer_passes
-from harness.kv.refusal import refusal_controls, refusal_verdicts
-from harness.kv.settings import KVSettings
-from harness.pages import PageRef, prefix_keys
+from harness.kinds.kv.capture import PageTag, read_capture
+from harness.kinds.kv.capture_write import CaptureWriter, SchedulerLog
+from harness.kinds.kv.judge import Judge
+from harness.kinds.kv.passes import Phase, consumer_passes, producer_passes
+from harness.kinds.kv.refusal import refusal_controls, refusal_verdicts
+from harness.kinds.kv.settings import KVSettings
+from harness.kv_pages.identity import PageRef, prefix_keys
 from tests.pins import PIN
 
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.kv.digest import digest_bytes
-from harness.kv.faults import FaultyStore, read_planted
-from harness.kv.store import PageStore
+from harness.kinds.kv.faults.store import FaultyStore, read_planted
+from harness.kinds.kv.store import PageStore
+from harness.kv_pages.digest import digest_bytes
 
 LAYER = "model.layers.0.self_attn.attn"
 KEY = "ab" + "0" * 30

@@ -17,10 +17,10 @@ from harness.cli import main
 from harness.commands.localize import localize
 from harness.engines import make_runner
 from harness.goldens import golden_dir, read_golden
-from harness.kinds.localize import Localize, divergences, targets_of
-from harness.localize.oracle import cache_path, cache_root, golden_sequence, read_cached, write_cached
-from harness.localize.plant import plant
-from harness.localize.profile import (
+from harness.kinds.localize.kind import Localize, divergences, targets_of
+from harness.kinds.localize.oracle import cache_path, cache_root, golden_sequence, read_cached, write_cached
+from harness.kinds.localize.plant import plant
+from harness.kinds.localize.profile import (
     DEFAULT_BAR,
     DEFAULT_FLOOR,
     controls_of,
@@ -66,7 +66,7 @@ def test_the_profile_names_the_first_tensor_over_the_floor_and_says_if_it_is_und
 
 
 def test_the_localizers_controls_bite(monkeypatch: pytest.MonkeyPatch) -> None:
-    from harness.localize.profile import Profile
+    from harness.kinds.localize.profile import Profile
 
     o = _tensors()
     ctl = controls_of(o, 12, 10, DEFAULT_BAR, DEFAULT_FLOOR)
@@ -213,9 +213,9 @@ def test_a_localize_record_is_stale_by_the_rules_of_the_gate_it_diagnosed(tmp_pa
     ws = make_git_workspace(tmp_path / "ws")
     manifest = json.loads((ws.goldens / "tiny-llama" / "smoke" / "manifest.json").read_text())
     from harness.api import EngineInfo
-    from harness.records import Record
+    from tests.unit.record_kit import make_record
 
-    rec = Record(id="x", kind="localize", created="2026-12-01T00:00:00Z",
+    rec = make_record(id="x", kind="localize", created="2026-12-01T00:00:00Z",
                  model={"name": "tiny-llama", "digest": manifest["model"]["digest"]},
                  suite={"name": "localize", "version": 1, "diagnoses": {"name": "smoke", "version": 1}},
                  oracle={"pin": PIN.spec, "golden_files": manifest["files"]},

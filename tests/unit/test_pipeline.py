@@ -13,7 +13,7 @@ from rich.console import Console
 
 from harness.api import EngineInfo, Verdict
 from harness.cli import build_parser
-from harness.kinds import KINDS, GateRequest, Judgement, staleness
+from harness.kinds.registered import KINDS, GateRequest, Judgement, staleness
 from harness.models import resolve_model
 from harness.oracle import load_or_record
 from harness.pipeline import build_record, kind_of, run_gate_by_name
@@ -25,6 +25,7 @@ from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import EARLIER, PIN
 from tests.unit.features_kit import make_git_workspace, ok_controls
+from tests.unit.record_kit import make_record
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def ab_record(ws: Workspace, a_version: str, pin: str = "A=vllm") -> Record:
     from tests.unit.features_kit import commit, git
 
     commit(ws.root, "ab suite")
-    return Record(
+    return make_record(
         id="20261130T000000Z_x_ab-vllm_000000", kind="ab", created="2026-11-30T00:00:00Z",
         model={"name": "tiny-llama", "digest": manifest["model"]["digest"]},
         suite={"name": "ab_smoke", "version": 1, "digest": "x"},
@@ -132,7 +133,7 @@ def test_speed_is_opt_in_and_says_how_to_ask(workspace: Workspace, monkeypatch: 
         calls.append(c)
         return Speed(c, len(cases), 256, 0.5, (), "vllm-offline")
 
-    monkeypatch.setattr("harness.kinds.parity.measure_speed", fake_oracle_speed)
+    monkeypatch.setattr("harness.kinds.parity.kind.measure_speed", fake_oracle_speed)
     rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "hf", auto_record=False, write=False).record
     assert calls == []
     assert rec.extra["speed"]["statement"].endswith("oracle speed not measured (make gate SPEED=1, "

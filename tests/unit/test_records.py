@@ -8,21 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.api import EngineInfo, Verdict
-from harness.records import Record, RecordError, iter_record_paths, load_record, new_record_id, write_record
+from harness.records import Record, RecordError, iter_record_paths, load_record, write_record
 from tests.pins import PIN
+from tests.unit import record_kit
 
 
 def make_record(i: int = 0, created: str = "2026-11-30T00:00:00Z") -> Record:
-    return Record(
-        id=new_record_id(created, "abc123", "hf"), kind="gate", created=created,
-        model={"name": "tiny-llama", "digest": "d" * 64},
-        suite={"name": "smoke", "version": 1, "digest": "s" * 64},
-        oracle={"engine": "vllm", "version": PIN.version, "pin": PIN.spec},
-        candidate=EngineInfo("hf", "transformers", "5.19.0"), harness={"sha": "abc123", "dirty": False},
-        outcome="pass", summary=f"record {i}",
-        verdicts=(Verdict("c01", "strict", "pass", "strict pass: 3/3 tokens", evidence={"matched": 3}),),
-        gates=("strict",), timings={"compare_s": 0.01})
+    return record_kit.make_record(created=created, summary=f"record {i}", timings={"compare_s": 0.01})
 
 
 def _write_many(args: tuple[str, int]) -> list[str]:

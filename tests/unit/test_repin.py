@@ -16,7 +16,7 @@ import pytest
 
 from harness.api import EngineInfo
 from harness.goldens import Golden, golden_dir, read_golden, write_golden
-from harness.kinds import staleness
+from harness.kinds.registered import staleness
 from harness.models import ModelRef
 from harness.oracle import ORACLE
 from harness.pin import OraclePin

@@ -11,9 +11,9 @@ import pytest
 from scipy import stats
 
 from harness.abilities import SamplePass
-from harness.sampling import doubles, judge
-from harness.sampling.doubles import FAULTS, Double, false_positive_rate, stated_power
-from harness.sampling.plan import Plan, make_plan
+from harness.kinds.sampling import doubles, judge
+from harness.kinds.sampling.doubles import FAULTS, Double, false_positive_rate, stated_power
+from harness.kinds.sampling.plan import Plan, make_plan
 from tests.unit import sampling_kit as kit
 
 

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 
 from harness.abilities import SamplePass, Sampler, SampleRequest
-from harness.api import EngineFailed, EngineRefused, Runner, Sampling
+from harness.api import SAMPLER_PARAMETERS, EngineFailed, EngineRefused, Runner, Sampling
 from harness.engines import RunnerContext, make_runner
 from harness.engines.draws import PARAMS, samples
 from harness.goldens import golden_dir, read_golden
-from harness.kinds.sampling import SAMPLING_ENGINES
+from harness.kinds.sampling.kind import SAMPLING_ENGINES
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.records import load_record
 from harness.registry import UnknownName
-from harness.sampling.transforms import CHAINS, PARAMETERS
+from harness.sampling.transforms import CHAINS
 from harness.workspace import Workspace
 from tests.unit import sampling_kit as kit
 from tests.unit.openai_double import Double, serve
@@ -140,7 +140,7 @@ def test_a_server_that_keeps_failing_fails_the_draws_with_its_redacted_answer(
 
 
 def test_every_sampler_passes_every_parameter() -> None:
-    assert set(PARAMS) == set(PARAMETERS)  # no engine default (a server's top_k 40) can sneak in
+    assert set(PARAMS) == set(SAMPLER_PARAMETERS)  # no engine default (a server's top_k 40) can sneak in
 
 
 def test_draws_are_padded_where_they_stopped() -> None:
@@ -154,9 +154,9 @@ def test_llamacpps_prefix_cache_option_names_itself_in_the_seed_verdict(workspac
     """``llamacpp:prefix_cache=off`` evaluates every replayed prompt whole; with the cache on (the
     server's way), a failing seed verdict says what in the engine can move a seeded draw and how to
     rule it out. The gate (a server) refuses ``off``; a misspelt value is refused naming it."""
-    from harness.sampling import judge
-    from harness.sampling.doubles import Double as Drawer
-    from harness.sampling.plan import make_plan
+    from harness.kinds.sampling import judge
+    from harness.kinds.sampling.doubles import Double as Drawer
+    from harness.kinds.sampling.plan import make_plan
 
     model = resolve_model("tiny-llama", workspace)
     ctx = RunnerContext(run_dir=workspace.runs)
@@ -183,9 +183,9 @@ def test_the_repeat_lane_replays_after_other_requests_so_a_history_dependent_see
     """A sampler whose seeded draw depends on the request before it (llama.cpp's prefix cache: the
     prompt's logits depend on what the cache held) passes a repeat lane replayed in the same order;
     the lane runs in the reverse order, so it fails, while a history-free sampler still passes."""
-    from harness.sampling import judge
-    from harness.sampling.doubles import Double as Drawer
-    from harness.sampling.plan import make_plan
+    from harness.kinds.sampling import judge
+    from harness.kinds.sampling.doubles import Double as Drawer
+    from harness.kinds.sampling.plan import make_plan
 
     class AfterPrevious(Drawer):
         def sample(self, passes):  # noqa: ANN001, ANN202

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from harness.sampling import gof
+from harness.kinds.sampling import gof
 
 
 def _q(seed: int = 0, v: int = 300, scale: float = 2.0) -> np.ndarray:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from harness.features.cells import judge_record
-from harness.kinds import KINDS
+from harness.kinds.registered import KINDS
+from harness.kinds.sampling.doubles import FAULTS, Double
+from harness.kinds.sampling.plan import make_plan
+from harness.kinds.sampling.settings import gate_settings
 from harness.pipeline import run_gate_by_name
 from harness.records import load_record
-from harness.sampling.doubles import FAULTS, Double
-from harness.sampling.plan import make_plan
-from harness.sampling.settings import gate_settings
 from harness.suites import SuiteError, find_suite, load_suite
 from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import PIN

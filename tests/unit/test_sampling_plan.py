@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from harness.api import Case
-from harness.sampling import doubles, faults, judge
-from harness.sampling.doubles import Double, false_positive_rate, stated_power
-from harness.sampling.plan import OracleRows, Plan, make_plan, positions, ranked
-from harness.sampling.settings import GateSettings, Setting
+from harness.kinds.sampling import doubles, faults, judge
+from harness.kinds.sampling.doubles import Double, false_positive_rate, stated_power
+from harness.kinds.sampling.draws import OracleRows
+from harness.kinds.sampling.plan import Plan, make_plan, positions, ranked
+from harness.kinds.sampling.settings import GateSettings, Setting
 from tests.unit import sampling_kit as kit
 
 WRONG_SIGN = next(f for f in faults.FAULTS if "presence_penalty" in f.params)

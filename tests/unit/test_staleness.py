@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.features import Judge, generate, load_catalog, load_records
-from harness.kinds import staleness
+from harness.kinds.registered import staleness
 from harness.staleness import Current, NoAnswer, is_ancestor
 from harness.workspace import Workspace
 from tests.pins import LATER, PIN
@@ -152,7 +152,7 @@ def test_stale_is_never_shown_as_pass(ws: Workspace) -> None:
 
 
 def test_every_registered_gate_kind_carries_its_own_staleness_rule(workspace: Workspace) -> None:
-    from harness.kinds import KINDS
+    from harness.kinds.registered import KINDS
     from harness.records import load_record
     from harness.workspace import REPO_ROOT
 
@@ -166,7 +166,7 @@ def test_every_registered_gate_kind_carries_its_own_staleness_rule(workspace: Wo
         rec = committed.get(e.name)
         if rec is not None:  # the kind's rule answers a record of its kind with reasons (a list)
             assert isinstance(e.value.stale(rec, cur), list), e.name
-    from harness.kinds import SUMMARIES
+    from harness.kinds.registered import SUMMARIES
 
     for e in SUMMARIES.entries():  # summary kinds (bisect, repin) carry theirs the same way
         rec = committed.get(e.name)
@@ -176,8 +176,8 @@ def test_every_registered_gate_kind_carries_its_own_staleness_rule(workspace: Wo
 
 
 def test_a_gate_kind_without_a_staleness_rule_is_refused() -> None:
-    from harness.kinds import KINDS, register_kind
-    from harness.kinds.parity import Parity
+    from harness.kinds.parity.kind import Parity
+    from harness.kinds.registered import KINDS, register_kind
 
     class Forgetful:  # every part of a gate kind but the staleness rule
         name, tables, default_candidate = "forgetful", (), "hf"

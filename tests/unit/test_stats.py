@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.stats import AccuracyTest, StatsError, accuracy_verdict, bernoulli_sigma, required_n, z
+from harness.kinds.ab.stats import AccuracyTest, StatsError, accuracy_verdict, bernoulli_sigma, required_n, z
 
 
 def test_threshold_and_mde_known_values() -> None:
@@ -74,7 +74,7 @@ def test_bad_parameters_name_the_field() -> None:
 
 
 def test_the_accuracy_table_of_a_suite_names_the_file_and_the_key(tmp_path) -> None:  # noqa: ANN001
-    from harness.kinds.ab import _accuracy_plan
+    from harness.kinds.ab.kind import _accuracy_plan
     from harness.suites import SuiteError, load_suite
     from harness.workspace import REPO_ROOT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.kinds import KINDS, SUMMARIES
+from harness.kinds.registered import KINDS, SUMMARIES
 from harness.kinds.summary import register_summary
 from harness.staleness import oracle_reasons
 

@@ -267,7 +267,7 @@ def test_strict_stands_in_for_near_tie_on_text_but_never_for_kl(workspace: Works
     An engine without logprobs cannot be judged by KL or drift, and strict is no stand-in for a
     distribution: those gates stay, judge nothing, and the run is a skip (not a strict FAIL)."""
     from harness.capabilities import Capabilities
-    from harness.kinds.parity import suite_gates
+    from harness.kinds.parity.kind import suite_gates
     from harness.suites import find_suite
 
     text_only = Capabilities(token_ids=False, top_logprobs=False)

@@ -15,7 +15,7 @@ taps = None
 for line in sys.stdin:
     case = json.loads(line)
     if "tensors" in case:  # every position of a whole sequence, per layer and sub-block
-        from harness.engines.layer_taps import LayerTaps, family_of
+        from harness.engines.launch.layer_taps import LayerTaps, family_of
 
         taps = taps or LayerTaps(model, family_of(model.config.model_type))
         taps.arm()

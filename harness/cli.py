@@ -17,7 +17,7 @@ from harness.commands.localize import after_gate
 from harness.console import error, note, print_table, warning
 from harness.console import stderr as err
 from harness.console import stdout as console
-from harness.engines.venvs import VenvError
+from harness.engines.launch.venvs import VenvError
 from harness.goldens import GoldenError
 from harness.models.built import ModelBuildError
 from harness.records import RecordError
@@ -172,7 +172,7 @@ def _venvs_args(p: argparse.ArgumentParser) -> None:
 @command("venvs", "the release venvs under .venvs/: size, files shared, install time; --remove to delete",
          _venvs_args)
 def cmd_venvs(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.engines.venvs import remove_venv, venv_listing, venvs_root
+    from harness.engines.launch.venvs import remove_venv, venv_listing, venvs_root
     from harness.workspace import REPO_ROOT
 
     root = venvs_root(REPO_ROOT)

@@ -79,7 +79,7 @@ def check_candidate(spec: str) -> str:
 
 def build(checkout: Path, command: str, log: Path) -> str | None:
     """Run ``command`` in ``checkout``; None when it succeeded, else why not (exit code, log tail)."""
-    from harness.engines.procs import kill_group, parent_death_signal, track
+    from harness.engines.launch.procs import kill_group, parent_death_signal, track
 
     with log.open("wb") as fh:
         proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=checkout, stdout=fh, stderr=subprocess.STDOUT,

@@ -28,7 +28,7 @@ per sequence, fed whole (teacher forcing)::
 
 and the command answers each with the residual stream after every layer's attention and MLP
 sub-block, the final norm and the logits at every position, named as
-:mod:`harness.engines.layer_taps` names them (``layer.<i>.attn``, ``layer.<i>.mlp`` or ``.moe``,
+:mod:`harness.engines.launch.layer_taps` names them (``layer.<i>.attn``, ``layer.<i>.mlp`` or ``.moe``,
 ``final_norm``, ``logits``), one row per token::
 
     {"id": "c03", "tensors": {"layer.0.attn": [[0.1, ...], ...], ..., "logits": [[...], ...]}}
@@ -57,7 +57,7 @@ from harness.abilities import TensorAbility
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
 from harness.engines.base import ENGINES, RunnerContext
-from harness.engines.procs import kill_group, spawn
+from harness.engines.launch.procs import kill_group, spawn
 from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.speed import Speed

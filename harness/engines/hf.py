@@ -5,7 +5,7 @@ Options (``hf:device=cuda,dtype=bfloat16``): ``device`` (cpu default), ``dtype``
 per step, see :mod:`harness.engines.hf_decode`), ``decode`` (``generate``: transformers' ``generate``,
 the default with a plain cache; ``step``: the harness's one-token-per-step loop, the only path for a
 quantized cache — an A/B of caches compares both arms on it), ``weights`` (another checkpoint of the
-named model, gated against its goldens: see :mod:`harness.engines.weights`).
+named model, gated against its goldens: see :mod:`harness.engines.launch.weights`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from harness.engines.hf_decode import (
     tensors_stepwise,
 )
 from harness.engines.hf_sampler import LOGPROBS, HFSampling
-from harness.engines.layer_taps import LayerTaps, family_at
-from harness.engines.weights import Weights, checkpoint_for
+from harness.engines.launch.layer_taps import LayerTaps, family_at
+from harness.engines.launch.weights import Weights, checkpoint_for
 from harness.models import ModelRef
 from harness.teacher import scored_output
 

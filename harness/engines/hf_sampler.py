@@ -26,7 +26,7 @@ import numpy as np
 
 from harness.abilities import SamplePass, SamplerTraits, Samples
 from harness.api import Sampling
-from harness.engines.draws import samples
+from harness.engines.launch.draws import samples
 from harness.sampling.transforms import TRANSFORMERS
 
 CHUNK = 64

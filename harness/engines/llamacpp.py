@@ -2,7 +2,7 @@
 weights the oracle runs.
 
 The harness builds ``llama-cpp-python[server]`` into ``.venvs/llama-cpp-python-<version>/`` on first
-use (llama.cpp compiled from source: minutes, once; :mod:`harness.engines.venvs`), starts
+use (llama.cpp compiled from source: minutes, once; :mod:`harness.engines.launch.venvs`), starts
 ``python -m llama_cpp.server`` on 127.0.0.1 and a free port with ``--logits_all true``, gates it over
 HTTP through :class:`~harness.engines.openai.OpenAIRunner` and stops its process group when the run
 ends, however it ends. Options, comma-separated:
@@ -49,11 +49,11 @@ from harness.abilities import Endpoint
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
-from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
+from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
+from harness.engines.launch.loopback import LoopbackServer
+from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
 from harness.engines.llamacpp_sampler import LlamaCppSampling
-from harness.engines.loopback import LoopbackServer
 from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
-from harness.engines.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
 from harness.files import sha256_file
 from harness.models import ModelRef
 from harness.speed import Speed

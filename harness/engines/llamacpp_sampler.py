@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.abilities import SamplePass, SamplerTraits, Samples
-from harness.engines.draws import params, samples
-from harness.engines.procs import run_engine
-from harness.engines.worker_lines import WorkerFailed, check_result
+from harness.engines.launch.draws import params, samples
+from harness.engines.launch.procs import run_engine
+from harness.engines.launch.worker_lines import WorkerFailed, check_result
 from harness.excerpt import tail
 
 WORKER = Path(__file__).parents[1] / "sampling" / "engines" / "llamacpp_worker.py"

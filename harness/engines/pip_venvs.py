@@ -2,7 +2,7 @@
 GenAI, mistral.rs): one venv per engine release, ``.venvs/<package>-<version>/``, created on first use.
 
 Recipe (:func:`ensure_pip_venv`), the one every venv of the project follows
-(:func:`harness.engines.venvs.new_venv`: uv with pip's configuration, pip where uv cannot):
+(:func:`harness.engines.launch.venvs.new_venv`: uv with pip's configuration, pip where uv cannot):
 
 1. ``python -m venv``;
 2. install the engine's pinned requirements (:class:`PipEngine`): the engine, and what its
@@ -10,7 +10,7 @@ Recipe (:func:`ensure_pip_venv`), the one every venv of the project follows
    (the version string of the project's venv, e.g. ``2.13.0+cpu``), so the venv does not pull a
    CUDA build of torch and its files are hard-linked with the project's (:func:`share_files`);
 3. run the engine's import check, which prints the engine's version (it must be the one pinned);
-4. write ``.harness-venv.json`` last (:func:`harness.engines.venvs.ensure_venv`): a folder without it
+4. write ``.harness-venv.json`` last (:func:`harness.engines.launch.venvs.ensure_venv`): a folder without it
    is half-built and rebuilt. Concurrent gates wait on a lock.
 
 The stamp keeps the installer (``uv 0.13.9``), the install time, the venv's size and the versions of
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.venvs import (
+from harness.engines.launch.venvs import (
     VERSION_RE,
     VenvError,
     VenvInfo,

@@ -16,7 +16,7 @@ leaves the pool; the next workload for its key starts a new one.
 
 What a pool does not serve: engines configured per run (a KV connector's store, the invariance
 groups, servers); those start their own engine as before (and say so in the ledger,
-:mod:`harness.engines.ledger`).
+:mod:`harness.engines.launch.ledger`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.procs import kill_group, spawn
-from harness.engines.worker_lines import read_lines
+from harness.engines.launch.procs import kill_group, spawn
+from harness.engines.launch.worker_lines import read_lines
 
 SERVE = Path(__file__).with_name("vllm_serve.py")
 ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "HARNESS_CPU_ISA", "LD_PRELOAD", "CUDA_", "TORCH")

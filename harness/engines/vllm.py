@@ -3,7 +3,7 @@
 The child process isolates vLLM's worker processes, threads and memory from the harness, and lets
 the same code drive any vLLM release installed in another virtualenv (``python`` argument).
 Options (``vllm:dtype=bfloat16,kv_cache_dtype=fp8``) go to ``vllm.LLM`` on top of the defaults,
-except ``weights=PATH``: another checkpoint of the named model (:mod:`harness.engines.weights`).
+except ``weights=PATH``: another checkpoint of the named model (:mod:`harness.engines.launch.weights`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import numpy as np
 from harness.abilities import TensorAbility
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block, engine_fingerprint
-from harness.engines import ledger
 from harness.engines import pool as engine_pool
 from harness.engines.base import coerce
-from harness.engines.layer_taps import family_at
+from harness.engines.launch import ledger
+from harness.engines.launch.layer_taps import family_at
+from harness.engines.launch.procs import Exited, engine_env, run_engine
+from harness.engines.launch.weights import Weights, checkpoint_for
+from harness.engines.launch.worker_lines import WorkerFailed, check_result
 from harness.engines.preload import PreloadMissing, preload_env
-from harness.engines.procs import Exited, engine_env, run_engine
-from harness.engines.weights import Weights, checkpoint_for
-from harness.engines.worker_lines import WorkerFailed, check_result
 from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.speed import Speed
@@ -172,7 +172,7 @@ class VLLMRunner:
 
     def capture_layers(self, sequences: Mapping[str, Sequence[int]]) -> dict[str, dict[str, np.ndarray]]:
         """One engine start in eager mode without a prefix cache; each sequence is one prefill with
-        taps in the engine's worker process (:mod:`harness.engines.layer_taps`)."""
+        taps in the engine's worker process (:mod:`harness.engines.launch.layer_taps`)."""
         ability = self.tensor_ability()
         if not ability.layers:
             raise EngineRefused(f"{self.name}: {ability.reason('layers')}")

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.api import Output, Sampling
-from harness.engines import ledger
-from harness.engines.procs import Exited, engine_env, run_engine
+from harness.engines.launch import ledger
+from harness.engines.launch.procs import Exited, engine_env, run_engine
+from harness.engines.launch.worker_lines import Lines, WorkerFailed, check_lines, read_lines
 from harness.engines.vllm import output_from_fields, root_cause
-from harness.engines.worker_lines import Lines, WorkerFailed, check_lines, read_lines
 from harness.models import ModelRef
 from harness.teacher import scored_output
 

@@ -27,7 +27,7 @@ from typing import Any
 from harness.abilities import SamplePass, SamplerTraits, Samples
 from harness.api import EngineFailed, EngineRefused, Sampling
 from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.draws import params, samples
+from harness.engines.launch.draws import params, samples
 from harness.engines.vllm import VLLMRunner
 from harness.engines.vllm_passes import Group, Pass, Request, run_vllm_group
 from harness.models import ModelRef

@@ -21,9 +21,9 @@ from harness.abilities import Endpoint, SamplePass, SamplerTraits, Samples
 from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, coerce, parse_options, split_spec
-from harness.engines.loopback import LoopbackServer
+from harness.engines.launch.loopback import LoopbackServer
+from harness.engines.launch.venvs import VenvError
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
-from harness.engines.venvs import VenvError
 from harness.engines.vllm import START_TIMEOUT_S, default_engine_settings
 from harness.models import ModelRef
 from harness.speed import Speed

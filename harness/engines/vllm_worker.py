@@ -4,14 +4,14 @@ Standalone on purpose: it imports only the standard library and vLLM, so the sam
 the pinned oracle's virtualenv or under any other vLLM release's (``vllm@<version>``). Its helpers
 sit beside it, standard library only at import as well: :mod:`harness.engines.vllm_full` (whole
 distributions), :mod:`harness.engines.vllm_facts` (kernels and memory of the engine's processes),
-:mod:`harness.engines.layer_taps` (per-layer tensors). The harness talks to it through files:
+:mod:`harness.engines.launch.layer_taps` (per-layer tensors). The harness talks to it through files:
 
     python vllm_worker.py REQUEST.json RESULT.jsonl
 
 REQUEST.json: {"model", "engine": {LLM kwargs}, "sampling": {...}, "cases": [{"id", "prompt_ids"}]}
 and optionally "concurrency": c, to replay the cases with at most c in flight (a closed loop, as c
 clients load a server) and report each one's time to first token in the meta line ("ttft_s").
-RESULT.jsonl (:mod:`harness.engines.worker_lines`, the one protocol of every worker): first line
+RESULT.jsonl (:mod:`harness.engines.launch.worker_lines`, the one protocol of every worker): first line
 {"kind": "meta", "version", "timings", ...}, then one line per case
 {"kind": "case", "id", "token_ids", "text", "top_ids", "top_logprobs", "chosen_logprobs",
 "finish_reason"}. An optional "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
@@ -31,7 +31,7 @@ a logit's sign, applies to). The meta line's
 
 Per-layer tensors: "tensors": {"dir": FOLDER, "sequences": [{"id", "ids"}]} adds one
 {"kind": "tensors", "id", "path", "positions", "rows", "calls", "names"} line per sequence, its
-``.npz`` in FOLDER holding every name of :mod:`harness.engines.layer_taps` at every position, or one
+``.npz`` in FOLDER holding every name of :mod:`harness.engines.launch.layer_taps` at every position, or one
 {"kind": "tensors", "refused": reason} line when the taps cannot be installed. The harness asks for
 an eager engine without a prefix cache for such a run (see :func:`_layer_tensors`).
 
@@ -52,13 +52,16 @@ from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:  # imported by the harness (harness.engines.vllm_worker)
-    from harness.engines import layer_taps, vllm_facts, vllm_full, worker_lines
+    from harness.engines import vllm_facts, vllm_full
+    from harness.engines.launch import layer_taps, worker_lines
 else:
     # Run as a script by a vLLM release's python: this file's folder heads sys.path, and its sibling
-    # vllm.py would shadow the real vLLM package. Put the folder last instead, so that only the
-    # helpers next to this file (standard library only at import) resolve there; vLLM's engine
-    # processes inherit this path and unpickle the hooks by reference.
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE] + [_HERE]
+    # vllm.py would shadow the real vLLM package. Put the folder last instead, and the shared
+    # launch/ folder after it, so that only the helpers there (standard library only at import)
+    # resolve; vLLM's engine processes inherit this path and unpickle the hooks by reference.
+    _LAUNCH = os.path.join(os.path.dirname(_HERE), "launch")
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) not in (_HERE, _LAUNCH)] + [
+        _HERE, _LAUNCH]
     import layer_taps  # type: ignore[no-redef]
     import vllm_facts  # type: ignore[no-redef]
     import vllm_full  # type: ignore[no-redef]
@@ -246,7 +249,7 @@ def _full_files(llm: Any, full: dict | None) -> tuple[FullFiles | None, str | No
 
 def _layer_tensors(llm: Any, sampling_params: Any, tensors: dict | None) -> tuple[list[dict], float]:
     """Per sequence, every layer's sub-block stream, the final norm and the logits at every position
-    (:mod:`harness.engines.layer_taps`, tapped in the engine's worker process). One request per
+    (:mod:`harness.engines.launch.layer_taps`, tapped in the engine's worker process). One request per
     ``generate`` call (``max_tokens`` 1: its prefill is the only forward pass), so the rows of one
     forward pass are one sequence's; the engine runs eager (compiled graphs skip module hooks) and
     without a prefix cache (a cached prefix would skip rows), which the request's engine settings

@@ -44,12 +44,12 @@ from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, R
 from harness.capabilities import Capabilities
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
-from harness.engines.converted import Converted, ensure_converted_by, without_paths
-from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
-from harness.engines.procs import run_engine
+from harness.engines.launch.converted import Converted, ensure_converted_by, without_paths
+from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
+from harness.engines.launch.procs import run_engine
+from harness.engines.launch.worker_lines import WorkerFailed, check_result
 from harness.engines.vllm import output_from_fields
 from harness.engines.vllmcpp_build import Build, BuildError, ensure_build
-from harness.engines.worker_lines import WorkerFailed, check_result
 from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.venvs import VenvError, _compiler, run_logged
+from harness.engines.launch.venvs import VenvError, _compiler, run_logged
 from harness.files import locked
 from harness.provenance import now_utc
 

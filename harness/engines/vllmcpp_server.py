@@ -31,7 +31,7 @@ from harness.abilities import Endpoint
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
-from harness.engines.loopback import LoopbackServer
+from harness.engines.launch.loopback import LoopbackServer
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
 from harness.engines.vllmcpp import ENGINE_OPTIONS, VllmCppRunner
 from harness.models import ModelRef

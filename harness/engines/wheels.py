@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.engines.venvs import INSTALL_TIMEOUT_S, PACKAGE, VenvError, check_version
+from harness.engines.launch.venvs import INSTALL_TIMEOUT_S, PACKAGE, VenvError, check_version
 
 
 def wheel_files(version: str, want: Callable[[str], bool], package: str = PACKAGE) -> dict[str, bytes]:

@@ -22,7 +22,7 @@ REQUEST.json::
 ``score_own`` rescores every generation of the pass by prefill (``prompt_logprobs``); ``score``
 scores given sequences. ``sampling`` overrides the greedy defaults of one request.
 
-RESULT.jsonl (:mod:`harness.engines.worker_lines`): ``{"kind": "meta", "version", "timings",
+RESULT.jsonl (:mod:`harness.engines.launch.worker_lines`): ``{"kind": "meta", "version", "timings",
 "logprobs_mode", ...}``, then per pass one
 ``{"kind": "case", "pass", "key", "token_ids", ..., "num_cached_tokens"}`` per request, one
 ``{"kind": "score", "pass", "key", ...}`` per scored sequence and one ``{"kind": "counters",

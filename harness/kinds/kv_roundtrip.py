@@ -3,7 +3,7 @@
 ``make gate SUITE=kv_roundtrip [CONNECTOR=module:Class] [CANDIDATE=vllm@0.28.0]``. The no-connector
 goldens are the oracle's, recorded like any suite's; the engine under test is the pinned vLLM (candidate
 ``vllm``, the default) or another release (``vllm@<version>``, in its own venv, see
-:mod:`harness.engines.venvs`), with the harness store or with the harness tap around ``connector``
+:mod:`harness.engines.launch.venvs`), with the harness store or with the harness tap around ``connector``
 (:mod:`harness.kv.roundtrip` runs the engines, :mod:`harness.kv.compat` absorbs what the release
 lacks). ``make matrix SUITE=kv_roundtrip VLLM="0.26.0 ..."`` writes one record per release.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.engines.base import split_spec
-from harness.engines.venvs import VenvError, VenvInfo, check_version
+from harness.engines.launch.venvs import VenvError, VenvInfo, check_version
 from harness.goldens import Golden
 from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.oracle import load_or_record
@@ -142,7 +142,7 @@ class KVRoundTrip:
             timings["oracle_record_s"] = golden.manifest["timings"]["record_wall_s"]
         venv = None
         if release is not None:
-            from harness.engines.venvs import ensure_vllm_venv, read_venv, venv_dir
+            from harness.engines.launch.venvs import ensure_vllm_venv, read_venv, venv_dir
             from harness.workspace import REPO_ROOT
 
             t0 = time.perf_counter()

@@ -6,6 +6,6 @@
 
 The gate kind itself is :mod:`harness.kinds.localize`; ``harness localize RECORD``, ``harness plant``
 and the diagnosis that follows a failing ``harness gate`` are :mod:`harness.commands.localize`; the
-taps, shared by every engine, are :mod:`harness.engines.layer_taps`. docs/localize.md tells the
+taps, shared by every engine, are :mod:`harness.engines.launch.layer_taps`. docs/localize.md tells the
 whole story. This package never imports the pipeline or the gate kind that use it.
 """

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from harness.api import Output
-from harness.engines import ledger
+from harness.engines.launch import ledger
 from harness.engines.pool import EnginePool, unpooled
 from harness.engines.vllm import VLLMRunner
 from harness.models import resolve_model

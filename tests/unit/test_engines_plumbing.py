@@ -17,8 +17,8 @@ from harness.capabilities import Capabilities
 from harness.compare.judgeable import comparator_for, impossible
 from harness.compare.strict import Strict
 from harness.compare.strict_text import StrictText
-from harness.engines.procs import group_alive, kill_group, pid_running
-from harness.engines.venvs import STAMP, VenvError, read_venv, venv_dir
+from harness.engines.launch.procs import group_alive, kill_group, pid_running
+from harness.engines.launch.venvs import STAMP, VenvError, read_venv, venv_dir
 from harness.engines.vllm_server import server_args
 from harness.matrix import parse_versions
 from harness.speed import Speed, speed_report

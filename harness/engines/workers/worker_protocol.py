@@ -13,7 +13,7 @@ REQUEST.json: {"model": converted folder, "source": the model's own folder, "opt
 into ``.npy`` files), "score": {"logprobs": k, "sequences": [{"id", "prompt_ids",
 "continuation_ids"}]} (optional: teacher forcing)}.
 
-RESULT.jsonl (:mod:`harness.engines.worker_lines`, loaded by its path: the harness is not installed
+RESULT.jsonl (:mod:`harness.engines.launch.worker_lines`, loaded by its path: the harness is not installed
 in an engine's venv): a ``meta`` line ({"kind": "meta", "engine_version", "timings", "output_tokens",
 "notes"}), one ``case`` line per case ({"id", "token_ids", "text", "top_ids", "top_logprobs",
 "chosen_logprobs", "finish_reason", "full"}), one ``score`` line per scored sequence, then
@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-_LINES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "worker_lines.py")
+_ENGINES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LINES = os.path.join(_ENGINES, "launch", "worker_lines.py")
 _spec = importlib.util.spec_from_file_location("worker_lines", _LINES)
 assert _spec is not None and _spec.loader is not None
 worker_lines = importlib.util.module_from_spec(_spec)

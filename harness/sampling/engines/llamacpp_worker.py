@@ -26,7 +26,7 @@ min_p 0.05, repeat_penalty 1.1, never apply). Two ways to run it:
   ``Llama.reset`` first, so every prompt is evaluated whole).
 
 Logprobs are ``log_softmax`` of the raw logits each token was drawn from, as create_completion
-reports them. RESULT.jsonl (:mod:`harness.engines.worker_lines`, loaded by its path: the harness is
+reports them. RESULT.jsonl (:mod:`harness.engines.launch.worker_lines`, loaded by its path: the harness is
 not installed in the engine's venv): {"kind": "meta", "version", "timings"}, one {"kind": "draws",
 "pass", "key", "tokens", "logprobs"} per request, then {"kind": "end"}.
 """
@@ -41,8 +41,8 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
-_spec = importlib.util.spec_from_file_location(
-    "worker_lines", os.path.join(os.path.dirname(os.path.dirname(_HERE)), "engines", "worker_lines.py"))
+_LINES = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "engines", "launch", "worker_lines.py")
+_spec = importlib.util.spec_from_file_location("worker_lines", _LINES)
 assert _spec is not None and _spec.loader is not None
 worker_lines = importlib.util.module_from_spec(_spec)
 sys.modules["worker_lines"] = worker_lines  # dataclasses look their module up there

@@ -2,7 +2,7 @@
 
     python -I -S guard.py FD [--keep=N ...] -- ARGV...
 
-:func:`harness.engines.procs.spawn` starts this file (by path, under the harness's own interpreter:
+:func:`harness.engines.launch.procs.spawn` starts this file (by path, under the harness's own interpreter:
 standard library only, whatever the engine's interpreter) as the leader of a new process group,
 with ``FD`` the read end of a pipe whose write end only the harness holds. The guard starts ARGV in
 the same group and waits for it; file descriptors named by ``--keep`` are passed on to ARGV (a

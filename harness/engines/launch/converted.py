@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import EngineFailed, EngineRefused
-from harness.engines.procs import kill_group, parent_death_signal, track
+from harness.engines.launch.procs import kill_group, parent_death_signal, track
 from harness.excerpt import clip, tail
 from harness.files import locked
 from harness.models import ModelRef

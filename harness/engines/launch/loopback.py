@@ -2,7 +2,7 @@
 
 The engine server (vLLM's ``api_server``, llama-cpp-python's ``llama_cpp.server``) is launched as
 the leader of its own process group with its output in a log file, polled until its health path
-answers 200, and stopped — its whole group — however the run ends (:mod:`harness.engines.procs`).
+answers 200, and stopped — its whole group — however the run ends (:mod:`harness.engines.launch.procs`).
 A port taken between probing and binding is retried on another.
 """
 
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from harness.api import EngineFailed
-from harness.engines import ledger
-from harness.engines.procs import engine_env, group_alive, kill_group, spawn
+from harness.engines.launch import ledger
+from harness.engines.launch.procs import engine_env, group_alive, kill_group, spawn
 from harness.steps import step
 
 
@@ -34,7 +34,7 @@ class LoopbackServer:
     label = "server"
     """How errors name it (``vLLM server``, ``llama.cpp server``)."""
     kind = "server"
-    """How the engine-start ledger (:mod:`harness.engines.ledger`) counts it."""
+    """How the engine-start ledger (:mod:`harness.engines.launch.ledger`) counts it."""
     model_name = ""
     health_path = "/health"
 

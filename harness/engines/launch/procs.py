@@ -1,7 +1,7 @@
 """Processes the harness starts, and how it makes sure none outlives it.
 
 Every engine process (a server, a CLI engine, a vLLM phase) is started by :func:`spawn` under a
-guard (:mod:`harness.engines.guard`) that leads its own process group, so that stopping the group
+guard (:mod:`harness.engines.launch.guard`) that leads its own process group, so that stopping the group
 stops whatever the engine forked too (vLLM's engine-core and worker processes). The group is
 stopped when the harness exits in any way: ``finally`` blocks and ``atexit`` stop the processes
 registered with :func:`track`; a harness that receives SIGTERM exits through them; and a harness
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from harness.engines.guard import group_members, pid_state
+from harness.engines.launch.guard import group_members, pid_state
 from harness.signals import exit_on_sigterm
 from harness.steps import step
 
@@ -47,7 +47,7 @@ _PIPES: dict[int, int] = {}
 """Engine pid -> the write end of its guard's pipe (closed once the engine is stopped)."""
 GUARD = Path(__file__).with_name("guard.py")
 _LOCK = threading.Lock()
-REPO_ROOT = str(Path(__file__).resolve().parents[2])
+REPO_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def engine_env(repo_on_path: bool = False) -> dict[str, str]:
@@ -65,7 +65,7 @@ def engine_env(repo_on_path: bool = False) -> dict[str, str]:
 def spawn(argv: Sequence[str], stdout: IO[Any] | int | None, stderr: IO[Any] | int | None = subprocess.STDOUT,
           stdin: IO[Any] | int | None = subprocess.DEVNULL, env: Mapping[str, str] | None = None,
           cwd: Path | str | None = None, pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
-    """Start an engine process under a guard (:mod:`harness.engines.guard`) that leads its own
+    """Start an engine process under a guard (:mod:`harness.engines.launch.guard`) that leads its own
     process group: stopping the group stops whatever the engine forked; the group is stopped when
     the harness exits, however (the guard holds a pipe only the harness writes to), when it gets
     the parent-death signal, and at interpreter exit (``atexit``). Returns the guard's process:

@@ -72,7 +72,7 @@ def family_of(model_type: str | None) -> Family | str:
     fam = FAMILIES.get(model_type or "")
     if fam is None:
         return (f"model_type {model_type!r} is not in the sub-block table "
-                f"(harness/engines/layer_taps.py FAMILIES: {', '.join(sorted(FAMILIES))})")
+                f"(harness/engines/launch/layer_taps.py FAMILIES: {', '.join(sorted(FAMILIES))})")
     return fam
 
 

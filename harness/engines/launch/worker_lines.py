@@ -18,7 +18,7 @@ RESULT.jsonl holds one JSON object a line, each flushed as it is written:
 
 A worker brings its body only: :func:`write_start_failure` or :func:`write_result` for the lines,
 :func:`run_passes` for a request's ``passes`` in order. The host brings the way the process ended
-(:class:`harness.engines.procs.Exited`) to :func:`check_result`, which gives a :class:`Finished` or
+(:class:`harness.engines.launch.procs.Exited`) to :func:`check_result`, which gives a :class:`Finished` or
 raises :class:`WorkerFailed` naming the worker; :func:`read_lines` survives a last line cut short by
 a kill.
 
@@ -163,7 +163,7 @@ def check_result(path: str | Path, worker: str, exited: Any, *, doing: str = "it
                  diagnose: Diagnose | None = None) -> Finished:
     """The worker's whole result from ``path``, or :class:`WorkerFailed` saying why there is none.
     ``exited``: how its process ended (``returncode``, ``timed_out``, ``pid``, ``timeout_s``: a
-    :class:`~harness.engines.procs.Exited`); ``doing``: what it was doing, for a kill; ``diagnose``
+    :class:`~harness.engines.launch.procs.Exited`); ``doing``: what it was doing, for a kill; ``diagnose``
     finds the engine's reason in its ``log`` when it left none of its own."""
     return check_lines(read_lines(path), worker, exited, doing=doing, log=log, diagnose=diagnose)
 

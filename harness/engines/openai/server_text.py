@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from harness.engines.token_text import TokenTexts
+from harness.engines.openai.token_text import TokenTexts
 
 SAMPLING_FIELDS = ("top_k", "top_p", "min_p", "typical_p", "tfs_z", "repeat_penalty", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "penalty_last_n", "repeat_last_n",

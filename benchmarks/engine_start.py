@@ -75,7 +75,7 @@ def phases(log: str, started: float, start_s: float) -> dict[str, float]:
 
 
 def one_start(model: str, run_dir: Path) -> dict[str, object]:
-    from harness.engines.vllm import VLLMRunner
+    from harness.engines.vllm.runner import VLLMRunner
     from harness.models import resolve_model
     from harness.suites import find_suite
     from harness.workspace import Workspace

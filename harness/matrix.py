@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.engines.launch.venvs import VenvError, check_version
-from harness.engines.vllm_release import VLLMReleaseRunner
+from harness.engines.vllm.release import VLLMReleaseRunner
 from harness.excerpt import clip
 from harness.models import resolve_model
 from harness.oracle import load_or_record, measure_speed

@@ -115,7 +115,7 @@ def release_probe(ws: Workspace, model: ModelRef, suite: Suite, *, kv: bool, foc
 
 
 def _release_runner(ws: Workspace, model: ModelRef, version: str, concurrency: int | None) -> Runner:
-    from harness.engines.vllm_release import VLLMReleaseRunner
+    from harness.engines.vllm.release import VLLMReleaseRunner
 
     return VLLMReleaseRunner(model, version, {}, name=f"vllm@{version}", run_dir=ws.runs,
                              concurrency=concurrency)

@@ -30,9 +30,6 @@ from harness.engines import (  # noqa: F401 - they register
     openvino,
     ortgenai,
     vllm,
-    vllm_release,
-    vllm_sampler,
-    vllm_server,
     vllmcpp,
     vllmcpp_server,
 )

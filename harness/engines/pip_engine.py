@@ -5,7 +5,7 @@ One runner for all of them (CTranslate2, ONNX Runtime GenAI, OpenVINO GenAI, mis
 (:mod:`harness.engines.workers`) and what the engine can return. ``start`` installs the venv on
 first use and converts the model on first use (:mod:`harness.engines.launch.converted`); ``run`` writes the
 workload to a request file, runs the worker in the engine's venv and reads its result lines, as the
-vLLM runner does with ``vllm_worker.py``. Every gate on these engines feeds the oracle's **token
+vLLM runner does with ``vllm/worker.py``. Every gate on these engines feeds the oracle's **token
 ids** (no tokenizer of the engine's is involved) unless the spec says the engine takes text.
 
 Options (``ct2:threads=1``): the ones the spec lists, passed to the worker; anything else is refused
@@ -33,7 +33,7 @@ from harness.engines.launch.procs import run_engine
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
 from harness.engines.pip_venvs import PipEngine, ensure_pip_venv, pip_venv_dir
-from harness.engines.vllm import full_rows, output_from_fields, score_from_line
+from harness.engines.vllm.runner import full_rows, output_from_fields, score_from_line
 from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace

@@ -48,7 +48,7 @@ from harness.engines.launch.converted import Converted, ensure_converted_by, wit
 from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.launch.procs import run_engine
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
-from harness.engines.vllm import output_from_fields
+from harness.engines.vllm.runner import output_from_fields
 from harness.engines.vllmcpp_build import Build, BuildError, ensure_build
 from harness.excerpt import file_tail
 from harness.models import ModelRef

@@ -2,7 +2,7 @@
 
     python -m harness.invariance.phase REQUEST.json RESULT.jsonl
 
-Beside :mod:`harness.engines.vllm_worker` (whose engine start, output fields and exit path it
+Beside :mod:`harness.engines.vllm.worker` (whose engine start, output fields and exit path it
 reuses), because an invariance run asks more of one engine start than a gate does: the same
 prompts one at a time and all at once, twice to warm the prefix cache, after a cache reset, with
 sampling overrides (seeded rollouts), under KV-connector lanes, then rescored by prefill, with the
@@ -37,7 +37,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from harness.engines.vllm_worker import _score, exit_without_teardown, generate, output_fields, serve_passes
+from harness.engines.vllm.worker import _score, exit_without_teardown, generate, output_fields, serve_passes
 
 COUNTERS = ("vllm:num_preemptions", "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
             "vllm:spec_decode_num_accepted_tokens", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")

@@ -54,8 +54,8 @@ def preflight(release: str, connector: Any = None) -> dict[str, Any] | None:
     release is installed and asked). ``connector`` (a ``ConnectorSpec``, None for the harness store):
     when it is one of the release's own connectors (a ``vllm.`` module), its class is read too: one
     that moves KV to CUDA cannot run on a host without CUDA (:mod:`harness.kv.cuda_only`)."""
-    from harness.engines import preload
-    from harness.engines.wheels import unmet_native_needs, wheel_files
+    from harness.engines.vllm import preload
+    from harness.engines.vllm.wheels import unmet_native_needs, wheel_files
     from harness.kv.compat import BASE_FILE, missing_in_source
     from harness.kv.config import aliases
     from harness.kv.cuda_only import cuda_calls_in_source, host_has_cuda
@@ -87,8 +87,8 @@ def preflight(release: str, connector: Any = None) -> dict[str, Any] | None:
 
 def preload_lacks(release: str, venv: VenvInfo) -> dict[str, Any] | None:
     """The compat block of a skipped phase when the installed release refuses to start without a
-    library this machine does not have (:mod:`harness.engines.preload`), None when it can start."""
-    from harness.engines.preload import PreloadMissing, preloads
+    library this machine does not have (:mod:`harness.engines.vllm.preload`), None when it can start."""
+    from harness.engines.vllm.preload import PreloadMissing, preloads
 
     try:
         preloads(venv.path, release)

@@ -18,8 +18,8 @@ from harness.api import Case, Sampling
 from harness.engines.launch import ledger
 from harness.engines.launch.procs import engine_env, run_engine
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
-from harness.engines.preload import preload_env
-from harness.engines.vllm import root_cause
+from harness.engines.vllm.preload import preload_env
+from harness.engines.vllm.runner import root_cause
 from harness.kv.capture import Capture, CaptureError, read_capture
 from harness.models import ModelRef
 

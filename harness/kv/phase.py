@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from harness.engines.launch.worker_lines import write_start_failure
-from harness.engines.vllm_worker import exit_without_teardown, generate, output_fields, serve_passes
+from harness.engines.vllm.worker import exit_without_teardown, generate, output_fields, serve_passes
 
 
 @contextmanager

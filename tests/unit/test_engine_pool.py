@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from harness.api import Case, EngineRefused, Sampling
-from harness.engines import pool as engine_pool
 from harness.engines.launch import ledger
-from harness.engines.pool import EnginePool, key, pooled, unpooled
-from harness.engines.vllm import VLLMRunner
+from harness.engines.vllm import pool as engine_pool
+from harness.engines.vllm.pool import EnginePool, key, pooled, unpooled
+from harness.engines.vllm.runner import VLLMRunner
 from harness.models import resolve_model
 from harness.workspace import Workspace
 from tests.unit.child_pytest import NO_HYPOTHESIS

@@ -71,7 +71,7 @@ def test_a_release_whose_connector_needs_cuda_is_a_named_skip_before_install(mon
 
     import vllm
 
-    import harness.engines.wheels as wheels
+    import harness.engines.vllm.wheels as wheels
     import harness.kv.cuda_only as cuda_only_mod
     from harness.kinds.kv_roundtrip import preflight
     from harness.kv.compat import BASE_FILE

@@ -17,7 +17,7 @@ import pytest
 from harness.api import EngineFailed, EngineRefused
 from harness.engines.launch import worker_lines as wl
 from harness.engines.launch.procs import Exited, run_engine
-from harness.engines.vllm import root_cause
+from harness.engines.vllm.runner import root_cause
 from harness.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,8 +200,8 @@ def test_standalone_workers_write_through_the_one_module_without_the_harness(tmp
 
 def test_the_workers_carry_no_writer_of_their_own() -> None:
     """One writer: no worker defines its own line writer or end line any more."""
-    workers = [ROOT / "harness" / "engines" / "vllm_worker.py", ROOT / "harness" / "kv" / "phase.py",
-               ROOT / "harness" / "invariance" / "phase.py", ROOT / "harness" / "engines" / "vllm_serve.py",
+    workers = [ROOT / "harness" / "engines" / "vllm" / "worker.py", ROOT / "harness" / "kv" / "phase.py",
+               ROOT / "harness" / "invariance" / "phase.py", ROOT / "harness" / "engines" / "vllm" / "serve.py",
                ROOT / "harness" / "sampling" / "engines" / "llamacpp_worker.py",
                *sorted((ROOT / "harness" / "engines" / "workers").glob("*.py"))]
     for path in workers:

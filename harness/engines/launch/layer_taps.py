@@ -191,7 +191,7 @@ class LayerTaps:
 
 # ---------------------------------------------------------------------------------------------
 # vLLM: the model runs in the engine's worker process; these run there, sent by ``collective_rpc``
-# from :mod:`harness.engines.vllm_worker` (pickled by reference: the worker process inherits the
+# from :mod:`harness.engines.vllm.worker` (pickled by reference: the worker process inherits the
 # folder of this file on its path).
 
 

@@ -1,7 +1,7 @@
 """Every engine start, counted: one JSON line per start in the file ``$HARNESS_ENGINE_LEDGER`` names.
 
 Engine starts are what a test run spends its time on (a vLLM start is 40-200 s on 2 cores), so each
-place that starts an engine says so here: the vLLM worker (:mod:`harness.engines.vllm`, pooled or
+place that starts an engine says so here: the vLLM worker (:mod:`harness.engines.vllm.runner`, pooled or
 not), the KV round trip's phases, the invariance groups, servers (:mod:`harness.engines.launch.loopback`).
 A start that an engine pool answered with a live engine is written too, as ``reused``. The file is
 appended to by any process that inherits the variable (a ``harness gate`` child of a test included),

@@ -1,6 +1,6 @@
 """The one protocol between the harness and a worker process: a request file in, JSON lines out.
 
-Every worker speaks it (``vllm_worker.py`` and ``vllm_serve.py``, the KV round trip's phases
+Every worker speaks it (``vllm/worker.py`` and ``vllm/serve.py``, the KV round trip's phases
 (:mod:`harness.kv.phase`), the invariance run's (:mod:`harness.invariance.phase`), the PyPI
 engines' workers (``workers/worker_protocol.py``) and the llama.cpp sampler's), and every host
 reads it here::

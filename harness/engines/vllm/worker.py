@@ -2,11 +2,11 @@
 
 Standalone on purpose: it imports only the standard library and vLLM, so the same file runs under
 the pinned oracle's virtualenv or under any other vLLM release's (``vllm@<version>``). Its helpers
-sit beside it, standard library only at import as well: :mod:`harness.engines.vllm_full` (whole
-distributions), :mod:`harness.engines.vllm_facts` (kernels and memory of the engine's processes),
+sit beside it, standard library only at import as well: :mod:`harness.engines.vllm.full` (whole
+distributions), :mod:`harness.engines.vllm.facts` (kernels and memory of the engine's processes),
 :mod:`harness.engines.launch.layer_taps` (per-layer tensors). The harness talks to it through files:
 
-    python vllm_worker.py REQUEST.json RESULT.jsonl
+    python worker.py REQUEST.json RESULT.jsonl
 
 REQUEST.json: {"model", "engine": {LLM kwargs}, "sampling": {...}, "cases": [{"id", "prompt_ids"}]}
 and optionally "concurrency": c, to replay the cases with at most c in flight (a closed loop, as c
@@ -24,7 +24,7 @@ was written (the exit code after it does not matter). An engine start failure wr
 Whole distributions: with "full": {"dir": FOLDER} in the request, every case and score line also
 carries "full": {"path", "rows", "vocab", "capture"}, a ``.npy`` float32 [rows, vocab] file in FOLDER
 whose row t is the engine's log-softmax at position t, column = token id, bit for bit what vLLM
-computes its own logprobs from (see :mod:`harness.engines.vllm_full`; "full": {"dir", "raw": true}:
+computes its own logprobs from (see :mod:`harness.engines.vllm.full`; "full": {"dir", "raw": true}:
 the raw logits instead, before any log-softmax: what a repetition penalty, whose effect depends on
 a logit's sign, applies to). The meta line's
 "peak_rss_kib" gives the peak resident memory of this process and of the engine-core process.
@@ -36,9 +36,9 @@ Per-layer tensors: "tensors": {"dir": FOLDER, "sequences": [{"id", "ids"}]} adds
 an eager engine without a prefix cache for such a run (see :func:`_layer_tensors`).
 
 One engine per process, every case batched into one ``generate`` call: start-up (~55 s on 2 CPU
-cores) dominates, generation of a suite takes well under a second. ``vllm_serve.py`` runs the same
+cores) dominates, generation of a suite takes well under a second. ``serve.py`` runs the same
 workloads (:func:`run_workload`) one after another on one engine, for the engine pool
-(:mod:`harness.engines.pool`).
+(:mod:`harness.engines.vllm.pool`).
 """
 
 from __future__ import annotations
@@ -51,20 +51,21 @@ import time
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if __package__:  # imported by the harness (harness.engines.vllm_worker)
-    from harness.engines import vllm_facts, vllm_full
+if __package__:  # imported by the harness (harness.engines.vllm.worker)
     from harness.engines.launch import layer_taps, worker_lines
+    from harness.engines.vllm import facts as vllm_facts
+    from harness.engines.vllm import full as vllm_full
 else:
-    # Run as a script by a vLLM release's python: this file's folder heads sys.path, and its sibling
-    # vllm.py would shadow the real vLLM package. Put the folder last instead, and the shared
-    # launch/ folder after it, so that only the helpers there (standard library only at import)
-    # resolve; vLLM's engine processes inherit this path and unpickle the hooks by reference.
+    # Run as a script by a vLLM release's python: this file's folder heads sys.path, and its siblings
+    # (server.py, runner.py …) could shadow real packages. Put the folder last instead, and the
+    # shared launch/ folder after it, so that only the helpers there (standard library only at
+    # import) resolve; vLLM's engine processes inherit this path and unpickle the hooks by reference.
     _LAUNCH = os.path.join(os.path.dirname(_HERE), "launch")
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) not in (_HERE, _LAUNCH)] + [
         _HERE, _LAUNCH]
+    import facts as vllm_facts  # type: ignore[no-redef]
+    import full as vllm_full  # type: ignore[no-redef]
     import layer_taps  # type: ignore[no-redef]
-    import vllm_facts  # type: ignore[no-redef]
-    import vllm_full  # type: ignore[no-redef]
     import worker_lines  # type: ignore[no-redef]
 
 FullFiles = vllm_full.FullFiles

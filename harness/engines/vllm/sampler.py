@@ -1,4 +1,4 @@
-"""``vllm``: the pinned vLLM as the registry makes it — :class:`~harness.engines.vllm.VLLMRunner`
+"""``vllm``: the pinned vLLM as the registry makes it — :class:`~harness.engines.vllm.runner.VLLMRunner`
 with the :class:`~harness.abilities.Sampler` ability, its own sampler offline.
 
 Every draw is one request (``max_tokens`` = the test's steps, ``logprobs=1``, the draw's own seed),
@@ -11,8 +11,8 @@ its draws must not depend on the batch: the ``alone`` pass runs the determinism 
 ``vllm:logprobs_mode=processed_logprobs`` (any option ``vllm.LLM`` takes) is passed on; the mode is
 what the logprob check judges against. Other vLLM releases are not driven offline here (the passes
 run in this venv's vLLM): ``vllm@<version>`` has no sampler; serve it (``vllm-server@<version>``).
-The ability sits here, not in :mod:`harness.engines.vllm`, because the passes' runner
-(:mod:`harness.engines.vllm_passes`) itself reads results with that module.
+The ability sits here, not in :mod:`harness.engines.vllm.runner`, because the passes' runner
+(:mod:`harness.engines.vllm.passes`) itself reads results with that module.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from harness.abilities import SamplePass, SamplerTraits, Samples
 from harness.api import EngineFailed, EngineRefused, Sampling
 from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.launch.draws import params, samples
-from harness.engines.vllm import VLLMRunner
-from harness.engines.vllm_passes import Group, Pass, Request, run_vllm_group
+from harness.engines.vllm.passes import Group, Pass, Request, run_vllm_group
+from harness.engines.vllm.runner import VLLMRunner
 from harness.models import ModelRef
 
 TIMEOUT_S = float(os.environ.get("HARNESS_SAMPLING_TIMEOUT_S", "5400"))

@@ -1,8 +1,8 @@
-"""A pooled vLLM engine: started once, then one workload after another (:mod:`harness.engines.pool`).
+"""A pooled vLLM engine: started once, then one workload after another (:mod:`harness.engines.vllm.pool`).
 
-    python vllm_serve.py ACK_FD      # stdin: one "REQUEST.json<TAB>RESULT.jsonl" line per workload
+    python serve.py ACK_FD      # stdin: one "REQUEST.json<TAB>RESULT.jsonl" line per workload
 
-Standalone like ``vllm_worker.py`` (the standard library and vLLM only: it runs under any release's
+Standalone like ``worker.py`` (the standard library and vLLM only: it runs under any release's
 interpreter), whose code it runs: the first request's ``model`` and ``engine`` start the engine
 (:func:`start_llm`), every request then runs as :func:`run_workload` would in a one-shot worker,
 its result file complete with its ``end`` line; ``done`` on the file descriptor ``ACK_FD`` says so.
@@ -21,9 +21,10 @@ import sys
 import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]  # vllm.py would shadow vLLM
+# its siblings (server.py, runner.py …) could shadow real packages; the worker puts the folder last
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-_spec = importlib.util.spec_from_file_location("harness_vllm_worker", os.path.join(_HERE, "vllm_worker.py"))
+_spec = importlib.util.spec_from_file_location("harness_vllm_worker", os.path.join(_HERE, "worker.py"))
 assert _spec is not None and _spec.loader is not None
 worker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)

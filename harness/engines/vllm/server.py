@@ -24,7 +24,7 @@ from harness.engines.base import ENGINES, NoTensors, RunnerContext, coerce, pars
 from harness.engines.launch.loopback import LoopbackServer
 from harness.engines.launch.venvs import VenvError
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
-from harness.engines.vllm import START_TIMEOUT_S, default_engine_settings
+from harness.engines.vllm.runner import START_TIMEOUT_S, default_engine_settings
 from harness.models import ModelRef
 from harness.speed import Speed
 
@@ -161,7 +161,7 @@ class VLLMServerRunner(NoTensors):
                                       "(vllm-server:c=8, vllm-server@0.31.0)")
 @ENGINES.register("vllm-server@", help="a vLLM server of another release (vllm-server@0.31.0)")
 def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> VLLMServerRunner:
-    from harness.engines.vllm_release import release_python
+    from harness.engines.vllm.release import release_python
 
     version = split_spec(spec)[0].partition("@")[2]
     python = (lambda: str(release_python(version).python)) if version else None

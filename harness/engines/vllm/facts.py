@@ -2,7 +2,7 @@
 peak memory of its whole process tree, read from /proc while it still runs.
 
 Standard library only at import (torch inside :func:`kernel_facts`): run by
-:mod:`harness.engines.vllm_worker` under any vLLM release's interpreter.
+:mod:`harness.engines.vllm.worker` under any vLLM release's interpreter.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ creates those files in the worker process first. A release whose model runner la
 attributes falls back to vLLM's own full logprob dicts (:meth:`FullFiles.fill_from_dicts`).
 
 Standard library only at import (torch and numpy inside): run by
-:mod:`harness.engines.vllm_worker` under any vLLM release's interpreter.
+:mod:`harness.engines.vllm.worker` under any vLLM release's interpreter.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Passes of requests in one start of the pinned vLLM: :mod:`harness.invariance.phase` in a child
 process group (killed, whatever happens, when it ends), its result lines read back. The invariance
 kind runs its groups through it (:mod:`harness.invariance.run`), and the pinned vLLM's sampler its
-draws (:mod:`harness.engines.vllm_sampler`). A configuration the engine refuses comes back as a
+draws (:mod:`harness.engines.vllm.sampler`). A configuration the engine refuses comes back as a
 ``refused`` result with vLLM's own reason, a crash as ``error`` with the log's tail — never as an
 exception.
 """
@@ -20,7 +20,7 @@ from harness.api import Output, Sampling
 from harness.engines.launch import ledger
 from harness.engines.launch.procs import Exited, engine_env, run_engine
 from harness.engines.launch.worker_lines import Lines, WorkerFailed, check_lines, read_lines
-from harness.engines.vllm import output_from_fields, root_cause
+from harness.engines.vllm.runner import output_from_fields, root_cause
 from harness.models import ModelRef
 from harness.teacher import scored_output
 

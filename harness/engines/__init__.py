@@ -31,7 +31,6 @@ from harness.engines import (  # noqa: F401 - they register
     ortgenai,
     vllm,
     vllmcpp,
-    vllmcpp_server,
 )
 from harness.engines.base import ENGINES, RunnerContext, engine_key, parse_options, split_spec
 from harness.models import ModelRef

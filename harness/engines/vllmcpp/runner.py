@@ -3,8 +3,8 @@ driven token by token through a worker of the harness's own.
 
 ``make gate MODEL=tiny-llama CANDIDATE=vllmcpp:src=PATH`` (PATH: a vllm.cpp checkout or a .tar.gz
 of one; or ``$HARNESS_VLLMCPP_SRC``) builds vllm.cpp once into the build cache
-(:mod:`harness.engines.vllmcpp_build`, ~15 minutes on 2 cores), converts the model's weights to
-what vllm.cpp loads, and runs the harness's worker (``workers/vllmcpp_worker.cpp``, compiled
+(:mod:`harness.engines.vllmcpp.build`, ~15 minutes on 2 cores), converts the model's weights to
+what vllm.cpp loads, and runs the harness's worker (``vllmcpp/vllmcpp_worker.cpp``, compiled
 against that build) over the suite: every request submitted at once, so the engine's own scheduler
 batches them. Options, comma-separated:
 
@@ -49,7 +49,7 @@ from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile,
 from harness.engines.launch.procs import run_engine
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
 from harness.engines.vllm.runner import output_from_fields
-from harness.engines.vllmcpp_build import Build, BuildError, ensure_build
+from harness.engines.vllmcpp.build import Build, BuildError, ensure_build
 from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace

@@ -1,7 +1,7 @@
 """``vllmcpp-server``: vllm.cpp's own OpenAI server, built from the user's source, started on
 127.0.0.1 and a free port and stopped with the run.
 
-The build and the weights are the ``vllmcpp`` candidate's (:mod:`harness.engines.vllmcpp`: the same
+The build and the weights are the ``vllmcpp`` candidate's (:mod:`harness.engines.vllmcpp.runner`: the same
 cache, the same BF16 copy or GGUF); the server is ``build/examples/server``. What it takes and
 returns at the source this was written for, and what the harness does about it:
 
@@ -33,7 +33,7 @@ from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
 from harness.engines.launch.loopback import LoopbackServer
 from harness.engines.openai import OpenAIOptions, OpenAIRunner
-from harness.engines.vllmcpp import ENGINE_OPTIONS, VllmCppRunner
+from harness.engines.vllmcpp.runner import ENGINE_OPTIONS, VllmCppRunner
 from harness.models import ModelRef
 from harness.speed import Speed
 

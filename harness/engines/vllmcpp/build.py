@@ -4,7 +4,7 @@ vllm.cpp (a C++20 port of vLLM's V1 engine) is on no package registry: the user 
 at a checkout or a source archive (``vllmcpp:src=PATH`` or ``$HARNESS_VLLMCPP_SRC``). The harness
 copies that source into the build cache (never building in the user's tree), builds the engine's
 static library and its OpenAI server with CMake and Ninja, and compiles the harness's own worker
-(``workers/vllmcpp_worker.cpp``) against that library as one more target of the same build.
+(``vllmcpp_worker.cpp``, beside it) against that library as one more target of the same build.
 
 The cache folder is named by a key over the source digest (the sha256 of every file of the tree, the
 same for a checkout and for an archive of it), the compiler and the CMake flags. A folder is ready
@@ -42,7 +42,7 @@ from harness.provenance import now_utc
 SRC_ENV = "HARNESS_VLLMCPP_SRC"
 CACHE_ENV = "HARNESS_VLLMCPP_CACHE"
 STAMP = "build.json"
-WORKER_SOURCE = Path(__file__).with_name("workers") / "vllmcpp_worker.cpp"
+WORKER_SOURCE = Path(__file__).with_name("vllmcpp_worker.cpp")
 WORKER_TARGET = "harness_vllmcpp_worker"
 CMAKE_ARGS: tuple[str, ...] = (
     "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DVLLM_CPP_CUDA=OFF", "-DVLLM_CPP_METAL=OFF",

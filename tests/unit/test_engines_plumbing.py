@@ -124,8 +124,8 @@ def test_every_runner_class_has_the_whole_runner_protocol() -> None:
 
     from harness.api import Runner
     from harness.engines.cmd import CmdRunner
-    from harness.engines.hf import HFRunner
-    from harness.engines.llamacpp import LlamaCppRunner
+    from harness.engines.hf.runner import HFRunner
+    from harness.engines.llamacpp.runner import LlamaCppRunner
     from harness.engines.openai import OpenAIRunner
     from harness.engines.vllm.release import VLLMReleaseRunner
     from harness.engines.vllm.runner import VLLMRunner

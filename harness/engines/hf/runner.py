@@ -2,7 +2,7 @@
 
 Options (``hf:device=cuda,dtype=bfloat16``): ``device`` (cpu default), ``dtype`` (float32 default),
 ``kv`` (``plain`` default; ``quanto-int4`` / ``quanto-int2``: a quantized KV cache, decoded one token
-per step, see :mod:`harness.engines.hf_decode`), ``decode`` (``generate``: transformers' ``generate``,
+per step, see :mod:`harness.engines.hf.decode`), ``decode`` (``generate``: transformers' ``generate``,
 the default with a plain cache; ``step``: the harness's one-token-per-step loop, the only path for a
 quantized cache — an A/B of caches compares both arms on it), ``weights`` (another checkpoint of the
 named model, gated against its goldens: see :mod:`harness.engines.launch.weights`).
@@ -20,7 +20,7 @@ from harness.abilities import TensorAbility
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.device import device_block
 from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.hf_decode import (
+from harness.engines.hf.decode import (
     KV_CHOICES,
     decode,
     kv_bytes,
@@ -29,7 +29,7 @@ from harness.engines.hf_decode import (
     tensors_forward,
     tensors_stepwise,
 )
-from harness.engines.hf_sampler import LOGPROBS, HFSampling
+from harness.engines.hf.sampler import LOGPROBS, HFSampling
 from harness.engines.launch.layer_taps import LayerTaps, family_at
 from harness.engines.launch.weights import Weights, checkpoint_for
 from harness.models import ModelRef
@@ -40,7 +40,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 class HFRunner(HFSampling):
     """transformers in this process; it also draws samples with ``generate``'s own sampler
-    (:mod:`harness.engines.hf_sampler`: ``logprobs=processed|raw`` says which logprobs come back)."""
+    (:mod:`harness.engines.hf.sampler`: ``logprobs=processed|raw`` says which logprobs come back)."""
 
     def __init__(self, model: ModelRef, options: Mapping[str, str], name: str = "hf") -> None:
         self.name = name

@@ -52,7 +52,7 @@ from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_option
 from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.launch.loopback import LoopbackServer
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
-from harness.engines.llamacpp_sampler import LlamaCppSampling
+from harness.engines.llamacpp.sampler import LlamaCppSampling
 from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
 from harness.files import sha256_file
 from harness.models import ModelRef
@@ -137,7 +137,7 @@ class LlamaCppServer(LoopbackServer):
 
 class LlamaCppRunner(NoTensors, LlamaCppSampling):
     """``llamacpp[:options]``: build (once), write the GGUF (once), start the server, gate, stop.
-    Its sampler draws in the venv, without a server (:mod:`harness.engines.llamacpp_sampler`)."""
+    Its sampler draws in the venv, without a server (:mod:`harness.engines.llamacpp.sampler`)."""
 
     tensors_why_not = "llama.cpp's server answers tokens and logprobs over HTTP, never its hidden states"
 

@@ -38,7 +38,7 @@ LOGPROBS = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 
 
 class HFSampling:
-    """Mixed into :class:`~harness.engines.hf.HFRunner`: needs its ``lm``, ``device``, ``timings``,
+    """Mixed into :class:`~harness.engines.hf.runner.HFRunner`: needs its ``lm``, ``device``, ``timings``,
     ``start`` and ``logprobs_mode``."""
 
     lm: Any

@@ -26,7 +26,7 @@ from harness.engines.launch.procs import run_engine
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
 from harness.excerpt import tail
 
-WORKER = Path(__file__).parents[1] / "sampling" / "engines" / "llamacpp_worker.py"
+WORKER = Path(__file__).parents[2] / "sampling" / "engines" / "llamacpp_worker.py"
 TIMEOUT_S = float(os.environ.get("HARNESS_SAMPLING_TIMEOUT_S", "5400"))
 PREFIX_CACHE_HINT = (
     "Llama.generate reuses the longest prefix it holds and evaluates only the rest, in a decode batch "
@@ -39,7 +39,7 @@ docs/sampling.md)."""
 
 
 class LlamaCppSampling:
-    """Mixed into :class:`~harness.engines.llamacpp.LlamaCppRunner`: needs its ``prepare`` (the
+    """Mixed into :class:`~harness.engines.llamacpp.runner.LlamaCppRunner`: needs its ``prepare`` (the
     venv and the GGUF), ``flags``, ``run_dir`` and ``timings``."""
 
     flags: Mapping[str, str]

@@ -1,6 +1,6 @@
 """A complete `cmd:` engine: transformers, greedy. Reads the workload (JSONL) on stdin, writes one
 JSON line per case on stdout.   make gate CANDIDATE='cmd:.venv/bin/python examples/cmd_engine.py {model}'
-It also answers the optional tensors request (harness/engines/cmd.py), with the harness's own taps
+It also answers the optional tensors request (harness/engines/cmd/runner.py), with the harness's own taps
 on transformers' modules: another engine would hook its own layers and name them alike."""
 import json
 import sys

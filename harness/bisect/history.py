@@ -104,7 +104,7 @@ def history_probe(ws: Workspace, model: ModelRef, suite: Suite, repo: Path, cand
                   build_cmd: str | None, work: Path,
                   progress: Callable[[str], None] = lambda s: None) -> Callable[[str], Observation]:
     """The probe of one commit (see the module doc); ``work``: the scratch folder of this bisect."""
-    from harness.engines.cmd import CmdRunner
+    from harness.engines.cmd.runner import CmdRunner
     from harness.pipeline import run_gate
 
     command = check_candidate(candidate)

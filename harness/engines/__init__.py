@@ -22,13 +22,10 @@ from collections.abc import Mapping
 from harness.api import Runner
 from harness.engines import (  # noqa: F401 - they register
     cmd,
-    ct2,
     hf,
     llamacpp,
-    mistralrs,
     openai,
-    openvino,
-    ortgenai,
+    pip,
     vllm,
     vllmcpp,
 )

@@ -123,7 +123,7 @@ def test_every_runner_class_has_the_whole_runner_protocol() -> None:
     import inspect
 
     from harness.api import Runner
-    from harness.engines.cmd import CmdRunner
+    from harness.engines.cmd.runner import CmdRunner
     from harness.engines.hf.runner import HFRunner
     from harness.engines.llamacpp.runner import LlamaCppRunner
     from harness.engines.openai import OpenAIRunner

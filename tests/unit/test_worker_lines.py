@@ -166,7 +166,7 @@ def load(name, path):
     mod = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-wp = load("worker_protocol", "{root}/harness/engines/workers/worker_protocol.py")
+wp = load("worker_protocol", "{root}/harness/engines/pip/workers/worker_protocol.py")
 llama = load("llamacpp_worker", "{root}/harness/sampling/engines/llamacpp_worker.py")
 import numpy as np
 class Planted(wp.Engine):
@@ -203,7 +203,7 @@ def test_the_workers_carry_no_writer_of_their_own() -> None:
     workers = [ROOT / "harness" / "engines" / "vllm" / "worker.py", ROOT / "harness" / "kv" / "phase.py",
                ROOT / "harness" / "invariance" / "phase.py", ROOT / "harness" / "engines" / "vllm" / "serve.py",
                ROOT / "harness" / "sampling" / "engines" / "llamacpp_worker.py",
-               *sorted((ROOT / "harness" / "engines" / "workers").glob("*.py"))]
+               *sorted((ROOT / "harness" / "engines" / "pip" / "workers").glob("*.py"))]
     for path in workers:
         text = path.read_text()
         assert "def write_line" not in text and '{"kind": "end"}' not in text.split('"""', 2)[-1], path

@@ -119,11 +119,17 @@ def _convert(python: Path, worker: Path, source: Path, dest: Path, options: Mapp
         raise EngineRefused(f"{what}: {last['refused']}")
     if proc.returncode != 0 or not lines:
         text = without_paths(log.read_text(errors="replace"), {
-            str(python.parent.parent.parent): ".venvs", str(worker.parent): "harness/engines/workers",
+            str(python.parent.parent.parent): ".venvs", str(worker.parent): _in_repo(worker.parent),
             str(source): source.name, str(dest.parent): "converted"})
         raise EngineFailed(f"{what}: converting {source.name} failed (exit {proc.returncode}): "
                            f"{last_error(text)}", tail(text) + f"\n(the whole log: {log.name})")
     return last
+
+
+def _in_repo(folder: Path) -> str:
+    """``folder`` relative to the repository when it is inside it (a worker's folder)."""
+    root = Path(__file__).resolve().parents[3]
+    return str(folder.resolve().relative_to(root)) if folder.resolve().is_relative_to(root) else folder.name
 
 
 def without_paths(text: str, places: Mapping[str, str]) -> str:

@@ -19,7 +19,7 @@ installs link from uv's one cache. Install recipe, per release:
 
 Concurrent gates asking for the same release wait on a lock file instead of racing the installer.
 
-Public API for the other venv kinds (:mod:`harness.engines.pip_venvs`): :func:`ensure_venv`,
+Public API for the other venv kinds (:mod:`harness.engines.pip.venvs`): :func:`ensure_venv`,
 :func:`new_venv`, :func:`run_logged`, :func:`installed_versions`, :func:`share_files`.
 
 ``llama-cpp-python[server]==<version>`` goes to ``.venvs/llama-cpp-python-<version>/``: the

@@ -12,8 +12,8 @@ Top-k logprobs come back with token ids; greedy with every sampling field set ex
 from __future__ import annotations
 
 from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.pip_engine import EngineSpec, PipEngineRunner, make_pip_runner
-from harness.engines.pip_venvs import PipEngine, oracle
+from harness.engines.pip.runner import EngineSpec, PipEngineRunner, make_pip_runner
+from harness.engines.pip.venvs import PipEngine, oracle
 from harness.models import ModelRef
 
 VERSION = "0.9.5"

@@ -23,8 +23,8 @@ numbers are the same.
 from __future__ import annotations
 
 from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.pip_engine import EngineSpec, PipEngineRunner, make_pip_runner
-from harness.engines.pip_venvs import PipEngine, oracle
+from harness.engines.pip.runner import EngineSpec, PipEngineRunner, make_pip_runner
+from harness.engines.pip.venvs import PipEngine, oracle
 from harness.models import ModelRef
 
 VERSION = "4.8.5"

@@ -17,8 +17,8 @@ comparators and the greedy self-check are impossible there. See ``workers/openvi
 from __future__ import annotations
 
 from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.pip_engine import EngineSpec, PipEngineRunner, make_pip_runner
-from harness.engines.pip_venvs import PipEngine, oracle
+from harness.engines.pip.runner import EngineSpec, PipEngineRunner, make_pip_runner
+from harness.engines.pip.venvs import PipEngine, oracle
 from harness.models import ModelRef
 
 VERSION = "2026.4.1.0"

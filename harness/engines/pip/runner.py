@@ -1,8 +1,8 @@
 """Engines installed from PyPI into their own venv, on a model converted from the oracle's weights.
 
 One runner for all of them (CTranslate2, ONNX Runtime GenAI, OpenVINO GenAI, mistral.rs): an
-:class:`EngineSpec` says which venv (:mod:`harness.engines.pip_venvs`), which worker file
-(:mod:`harness.engines.workers`) and what the engine can return. ``start`` installs the venv on
+:class:`EngineSpec` says which venv (:mod:`harness.engines.pip.venvs`), which worker file
+(:mod:`harness.engines.pip.workers`) and what the engine can return. ``start`` installs the venv on
 first use and converts the model on first use (:mod:`harness.engines.launch.converted`); ``run`` writes the
 workload to a request file, runs the worker in the engine's venv and reads its result lines, as the
 vLLM runner does with ``vllm/worker.py``. Every gate on these engines feeds the oracle's **token
@@ -32,7 +32,7 @@ from harness.engines.launch.converted import Converted, ensure_converted, withou
 from harness.engines.launch.procs import run_engine
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
-from harness.engines.pip_venvs import PipEngine, ensure_pip_venv, pip_venv_dir
+from harness.engines.pip.venvs import PipEngine, ensure_pip_venv, pip_venv_dir
 from harness.engines.vllm.runner import full_rows, output_from_fields, score_from_line
 from harness.excerpt import file_tail
 from harness.models import ModelRef
@@ -52,7 +52,7 @@ class EngineSpec:
     """The engine family in records (``CTranslate2``)."""
     venv: PipEngine
     worker: str
-    """The worker file in ``harness/engines/workers/``."""
+    """The worker file in ``harness/engines/pip/workers/``."""
     conversion: str | None
     """One line: which converter makes the engine's format from the model's folder (None: the
     engine loads the model's folder as it is)."""
@@ -215,7 +215,7 @@ class PipEngineRunner(NoTensors):
 
     def _here(self, text: str) -> str:
         """``text`` without this machine's folders (see :func:`without_paths`)."""
-        places = {str(WORKERS): "harness/engines/workers", self.model.path: self.model.name}
+        places = {str(WORKERS): "harness/engines/pip/workers", self.model.path: self.model.name}
         if self.venv is not None:
             places[str(self.venv.path.parent)] = ".venvs"
         if self.converted is not None:

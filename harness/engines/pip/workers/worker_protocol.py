@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-_ENGINES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ENGINES = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LINES = os.path.join(_ENGINES, "launch", "worker_lines.py")
 _spec = importlib.util.spec_from_file_location("worker_lines", _LINES)
 assert _spec is not None and _spec.loader is not None

@@ -39,24 +39,21 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.abilities import Endpoint
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
-from harness.device import device_block
-from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
+from harness.api import EngineFailed, EngineInfo, EngineRefused
+from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.launch.loopback import LoopbackServer
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
 from harness.engines.llamacpp.sampler import LlamaCppSampling
-from harness.engines.openai import OWNED, OpenAIOptions, OpenAIRunner, body_value
+from harness.engines.openai import OWNED, OpenAIOptions, body_value
+from harness.engines.openai.managed import ManagedServerRunner, ServerSpeedLevels
 from harness.files import sha256_file
 from harness.models import ModelRef
-from harness.speed import Speed
 from harness.workspace import REPO_ROOT
 
 VERSION = "0.3.36"
@@ -135,7 +132,7 @@ class LlamaCppServer(LoopbackServer):
                 "--host", self.host, "--port", str(self.port)]
 
 
-class LlamaCppRunner(NoTensors, LlamaCppSampling):
+class LlamaCppRunner(ServerSpeedLevels, ManagedServerRunner, LlamaCppSampling):
     """``llamacpp[:options]``: build (once), write the GGUF (once), start the server, gate, stop.
     Its sampler draws in the venv, without a server (:mod:`harness.engines.llamacpp.sampler`)."""
 
@@ -143,13 +140,8 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
 
     def __init__(self, model: ModelRef, options: Mapping[str, str], name: str = "llamacpp",
                  run_dir: Path | None = None, concurrency: int = 1, repo_root: Path = REPO_ROOT) -> None:
-        self.name = name
-        self.model = model
-        opts = dict(options)
-        try:
-            self.concurrency = int(opts.pop("c", concurrency))
-        except ValueError:
-            raise EngineRefused(f"candidate {name!r}: c must be a whole number") from None
+        super().__init__(model, options, name, run_dir, concurrency)
+        opts = self.options
         self.version = opts.pop("version", VERSION)
         try:
             llamacpp_dir(repo_root, self.version)
@@ -173,13 +165,9 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
         self.body = body
         self.flags = {"logits_all": "true", "n_ctx": str(N_CTX), "n_threads": str(os.cpu_count() or 1),
                       **opts}
-        self.run_dir = run_dir
         self.repo_root = repo_root
         self.venv: VenvInfo | None = None
         self.gguf: GGUFFile | None = None
-        self.server: LlamaCppServer | None = None
-        self.client: OpenAIRunner | None = None
-        self.timings: dict[str, float] = {}
 
     def info(self) -> EngineInfo:
         """settings: what decides the results (which GGUF, server flags, request fields);
@@ -199,17 +187,6 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
             env.update({k: v for k, v in base.environment.items() if k == "protocol"})
         return EngineInfo(self.name, "llama.cpp", f"llama-cpp-python {self.version}", settings=settings,
                           environment=env)
-
-    def facts(self) -> RunFacts:
-        client = self.client.facts() if self.client else RunFacts()
-        return RunFacts(timings=dict(self.timings), speed=client.speed, capabilities=client.capabilities,
-                        device=device_block("cpu") if self.client else {})
-
-    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
-                       levels: Sequence[int]) -> dict[int, Speed]:
-        """The SpeedLevels ability, through the running server (it answers one request at a time)."""
-        assert self.client is not None, "start() first"
-        return self.client.measure_speeds(cases, sampling, levels)
 
     def prepare(self) -> tuple[VenvInfo, GGUFFile]:
         """The build and the GGUF, made first when missing (what ``start`` serves, and what the
@@ -235,21 +212,10 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
                                 "server always reuses the prefix it holds")
         self.prepare()
         assert self.venv is not None and self.gguf is not None
-        log = None
-        if self.run_dir is not None:
-            log = Path(tempfile.mkdtemp(prefix="llamacpp-", dir=self.run_dir)) / "server.log"
-        self.server = LlamaCppServer(str(self.venv.python), self.gguf.path, self.model.name, self.flags,
-                                     log_path=log)
-        try:
-            self.server.start()
-        except EngineFailed:
-            self.server.stop()
-            raise
-        self.timings["server_start_s"] = float(self.server.start_s or 0.0)
-        opts = OpenAIOptions(self.server.base_url + "/v1", self.concurrency, model=self.model.name,
-                             body=tuple(self.body.items()))
-        self.client = OpenAIRunner(opts, name=self.name, watch=self.server.exited, model=self.model)
-        self.client.start()
+        self.start_server(LlamaCppServer(str(self.venv.python), self.gguf.path, self.model.name, self.flags,
+                                         log_path=self.server_log("llamacpp-")))
+        self.connect(OpenAIOptions(self.base_url, self.concurrency, model=self.model.name,
+                                   body=tuple(self.body.items())))
 
     def _gguf(self) -> GGUFFile:
         choice = self.gguf_choice
@@ -278,21 +244,6 @@ class LlamaCppRunner(NoTensors, LlamaCppSampling):
         return GGUFFile(path, "source" if not choice.endswith(".gguf") else "path",
                         {"tensor_type": kind, "bytes": path.stat().st_size, "sha256": sha256_file(path)})
 
-    def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
-        assert self.client is not None, "start() first"
-        outs = self.client.run(cases, sampling)
-        self.timings.update(self.client.timings)
-        return outs
-
-    def endpoint(self) -> Endpoint:
-        """The ServesOpenAI ability: the server this runner started (``start`` first)."""
-        assert self.server is not None, "start() first"
-        return Endpoint(self.server.base_url + "/v1", self.model.name, managed=True,
-                        body=tuple(self.body.items()))
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
 
 
 @ENGINES.register("llamacpp", help="llama.cpp's server on the model's weights, built on first use "

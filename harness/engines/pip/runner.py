@@ -14,7 +14,6 @@ with the valid names.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -28,13 +27,10 @@ from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, R
 from harness.capabilities import Capabilities
 from harness.device import device_block
 from harness.engines.base import NoTensors
-from harness.engines.launch.converted import Converted, ensure_converted, without_paths
-from harness.engines.launch.procs import run_engine
+from harness.engines.launch.converted import Converted, ensure_converted
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo
-from harness.engines.launch.worker_lines import WorkerFailed, check_result
+from harness.engines.launch.worker_run import full_rows, output_from_fields, run_worker, score_from_line
 from harness.engines.pip.venvs import PipEngine, ensure_pip_venv, pip_venv_dir
-from harness.engines.vllm.runner import full_rows, output_from_fields, score_from_line
-from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -157,25 +153,21 @@ class PipEngineRunner(NoTensors):
         assert self.venv is not None, "start() first"
         folder = self.converted.path if self.converted is not None else Path(self.model.path)
         work = Path(tempfile.mkdtemp(prefix=f"{self.spec.key}-", dir=self.run_dir))
-        req, res = work / "request.json", work / "result.jsonl"
         self.log_path = work / "engine.log"
-        req.write_text(json.dumps({
+        request = {
             "model": str(folder), "source": self.model.path, "options": self.options,
             "sampling": sampling.to_json(),
             "cases": [{"id": c.id, "prompt_ids": list(c.prompt_ids)} for c in cases],
             **({"score": score} if score else {}),
             **({"full": {"dir": str(work / "full")}} if sampling.full_vocab and self.spec.full_vocab else {}),
-        }))
+        }
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.spec.env}
-        cmd = [str(self.venv.python), str(WORKERS / self.spec.worker), "run", str(req), str(res)]
-        exited = run_engine(cmd, self.log_path, TIMEOUT_S, env,
-                            label=f"{self.spec.title} {self.name} ({self.model.name}, {len(cases)} cases)")
-        try:
-            done = check_result(res, f"the {self.spec.title} worker of {self.name}", exited,
-                                doing=f"running {len(cases)} cases of {self.model.name}")
-        except WorkerFailed as e:
-            e.reason, e.detail = self._here(e.reason), self._here(e.detail)
-            raise e.engine_error(self._here(file_tail(self.log_path)), prefix=f"{self.name}: ") from None
+        done = run_worker([str(self.venv.python), str(WORKERS / self.spec.worker), "run"], request, work,
+                          timeout_s=TIMEOUT_S, env=env,
+                          label=f"{self.spec.title} {self.name} ({self.model.name}, {len(cases)} cases)",
+                          who=f"the {self.spec.title} worker of {self.name}",
+                          doing=f"running {len(cases)} cases of {self.model.name}", name=self.name,
+                          places=self._places())
         head = self.meta = done.meta
         took = {k: float(v) for k, v in head["timings"].items()}
         if cases:
@@ -213,8 +205,8 @@ class PipEngineRunner(NoTensors):
         scores = [score_from_line(d, f"{self.spec.title}: ") for d in lines if d.get("kind") == "score"]
         return outs, scores
 
-    def _here(self, text: str) -> str:
-        """``text`` without this machine's folders (see :func:`without_paths`)."""
+    def _places(self) -> dict[str, str]:
+        """This machine's folders, as a failure's text names them (see :func:`without_paths`)."""
         places = {str(WORKERS): "harness/engines/pip/workers", self.model.path: self.model.name}
         if self.venv is not None:
             places[str(self.venv.path.parent)] = ".venvs"
@@ -222,7 +214,7 @@ class PipEngineRunner(NoTensors):
             places[str(self.converted.path.parent)] = "converted"
         if self.run_dir is not None:
             places[str(self.run_dir)] = "<run folder>"
-        return without_paths(text, places)
+        return places
 
     def facts(self) -> RunFacts:
         notes = tuple(self.meta.get("notes", ()))

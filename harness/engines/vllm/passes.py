@@ -20,7 +20,8 @@ from harness.api import Output, Sampling
 from harness.engines.launch import ledger
 from harness.engines.launch.procs import Exited, engine_env, run_engine
 from harness.engines.launch.worker_lines import Lines, WorkerFailed, check_lines, read_lines
-from harness.engines.vllm.runner import output_from_fields, root_cause
+from harness.engines.launch.worker_run import output_from_fields
+from harness.engines.vllm.runner import root_cause
 from harness.models import ModelRef
 from harness.teacher import scored_output
 

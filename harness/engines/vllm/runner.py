@@ -29,13 +29,13 @@ from harness.engines.launch.layer_taps import family_at
 from harness.engines.launch.procs import Exited, engine_env, run_engine
 from harness.engines.launch.weights import Weights, checkpoint_for
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
+from harness.engines.launch.worker_run import full_rows, output_from_fields, score_from_line
 from harness.engines.vllm import pool as engine_pool
 from harness.engines.vllm.preload import PreloadMissing, preload_env
 from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.speed import Speed
 from harness.steps import step
-from harness.teacher import scored_output
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -283,36 +283,6 @@ class VLLMRunner:
         """The child process has exited by the time ``run`` returns."""
 
 
-def score_from_line(d: Mapping[str, Any], error_prefix: str = "") -> Output:
-    """A worker's ``score`` line as the teacher-forced Output: its error (the worker's own, or its
-    whole-distribution rows that could not be read), else the scored continuation."""
-    if d.get("error"):
-        return Output(d["id"], tuple(d["token_ids"]), error=f"{error_prefix}{d['error']}")
-    full, why = full_rows(d)
-    if why:
-        return Output(d["id"], tuple(d["token_ids"]), error=why)
-    return scored_output(d["id"], d["token_ids"], d["top_ids"], d["top_logprobs"], d["chosen_logprobs"], full)
-
-
-def full_rows(line: Mapping[str, Any]) -> tuple[np.ndarray | None, str | None]:
-    """(the read-only memory map of a result line's whole distributions, or why they are unusable)."""
-    f = line.get("full")
-    if not f:
-        return None, None
-    rows, path = int(f["rows"]), Path(f["path"])
-    if f.get("written") is not None and int(f["written"]) != rows:
-        return None, (f"whole distributions: the engine wrote {f['written']} rows of {rows} into "
-                      f"{path.name} (the capture hook lost track of the request)")
-    try:
-        mm = np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-        return None, f"whole distributions: cannot read {path}: {e}"
-    if mm.ndim != 2 or mm.shape[0] < rows or mm.shape[1] != int(f["vocab"]) or mm.dtype != np.float32:
-        return None, (f"whole distributions: {path} holds {mm.dtype} {mm.shape}, expected float32 "
-                      f"[{rows}, {f['vocab']}]")
-    return mm[:rows], None
-
-
 _ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (.+?)\s*$")
 _WRAPPERS = ("Engine core initialization failed", "Worker failed with error", "See root cause above")
 
@@ -341,19 +311,3 @@ def _installed_version(python: str) -> str:
         return out.stdout.strip() or "unknown"
     except (subprocess.SubprocessError, OSError):
         return "unknown"
-
-
-def output_from_fields(case_id: str, d: Mapping[str, Any], *, error: str | None = None,
-                       full: Any = None) -> Output:
-    """A worker's result fields (:func:`harness.engines.vllm.worker.output_fields`: generated ids,
-    text, per-position top-k) as an :class:`Output`, for every vLLM process the harness starts (the
-    candidate worker, the KV round trip's phases, the invariance groups)."""
-    n = len(d["token_ids"])
-    arr = d.get("top_ids") is not None
-    if error is None and d.get("finish_reason") == "error":
-        error = "the engine finished the request with an error"
-    return Output(case_id, tuple(int(t) for t in d["token_ids"]), d.get("text", ""),
-                  np.asarray(d["top_ids"], np.int32).reshape(n, -1) if arr else None,
-                  np.asarray(d["top_logprobs"], np.float32).reshape(n, -1) if arr else None,
-                  np.asarray(d["chosen_logprobs"], np.float32) if arr else None,
-                  str(d.get("finish_reason", "")), error=error, full_logprobs=full)

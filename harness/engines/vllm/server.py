@@ -12,21 +12,20 @@ Its sampler (the sampling gate) is vLLM's, over HTTP (:mod:`harness.engines.open
 from __future__ import annotations
 
 import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.abilities import Endpoint, SamplePass, SamplerTraits, Samples
-from harness.api import Case, EngineFailed, EngineInfo, Output, RunFacts, Sampling
+from harness.abilities import SamplePass, SamplerTraits, Samples
+from harness.api import EngineFailed, EngineInfo
 from harness.device import device_block
-from harness.engines.base import ENGINES, NoTensors, RunnerContext, coerce, parse_options, split_spec
+from harness.engines.base import ENGINES, RunnerContext, coerce, parse_options, split_spec
 from harness.engines.launch.loopback import LoopbackServer
 from harness.engines.launch.venvs import VenvError
-from harness.engines.openai import OpenAIOptions, OpenAIRunner
+from harness.engines.openai import OpenAIOptions
+from harness.engines.openai.managed import ManagedServerRunner, ServerSpeedLevels
 from harness.engines.vllm.runner import START_TIMEOUT_S, default_engine_settings
 from harness.models import ModelRef
-from harness.speed import Speed
 
 
 def server_args(settings: Mapping[str, Any]) -> list[str]:
@@ -65,7 +64,7 @@ class VLLMServer(LoopbackServer):
                 *server_args(self.settings), "--host", self.host, "--port", str(self.port)]
 
 
-class VLLMServerRunner(NoTensors):
+class VLLMServerRunner(ServerSpeedLevels, ManagedServerRunner):
     """``vllm-server[@version]``: start a vLLM server, gate it over HTTP, stop it."""
 
     tensors_why_not = ("a vLLM server answers tokens and logprobs over HTTP, never its hidden states "
@@ -74,16 +73,10 @@ class VLLMServerRunner(NoTensors):
     def __init__(self, model: ModelRef, options: Mapping[str, Any], name: str = "vllm-server",
                  python: str | Callable[[], str] | None = None, run_dir: Path | None = None,
                  concurrency: int = 1) -> None:
-        self.name = name
-        self.model = model
-        opts = dict(options)
-        self.concurrency = int(opts.pop("c", concurrency))
-        self.engine_options = opts
+        super().__init__(model, options, name, run_dir, concurrency)
+        self.engine_options = self.options
         self._python = python
-        self.run_dir = run_dir
         self.server: VLLMServer | None = None
-        self.client: OpenAIRunner | None = None
-        self.timings: dict[str, float] = {}
 
     def info(self) -> EngineInfo:
         settings: dict[str, Any] = dict(self.server.settings) if self.server else {}
@@ -95,42 +88,18 @@ class VLLMServerRunner(NoTensors):
         env.update({k: v for k, v in base.environment.items() if k not in ("api_key_env", "api_key_set")})
         return EngineInfo(self.name, "vllm", base.version, settings=settings, environment=env)
 
-    def facts(self) -> RunFacts:
-        client = self.client.facts() if self.client else RunFacts()
-        return RunFacts(timings=dict(self.timings), speed=client.speed,
-                        capabilities=client.capabilities, device=device_block() if self.server else {})
+    def device(self) -> dict[str, Any]:
+        return device_block() if self.server else {}
 
     def start(self) -> None:
         try:
             python = self._python() if callable(self._python) else self._python
         except VenvError as e:
             raise EngineFailed(f"{self.name}: {e}") from None
-        log = None
-        if self.run_dir is not None:
-            log = Path(tempfile.mkdtemp(prefix="vllm-server-", dir=self.run_dir)) / "server.log"
         settings = {k: coerce(v) if isinstance(v, str) else v for k, v in self.engine_options.items()}
-        self.server = VLLMServer(self.model, settings, python=python, log_path=log)
-        try:
-            self.server.start()
-        except EngineFailed:
-            self.server.stop()
-            raise
-        self.timings["server_start_s"] = float(self.server.start_s or 0.0)
-        self.client = OpenAIRunner(OpenAIOptions(self.server.base_url + "/v1", self.concurrency,
-                                                 logprobs_mode=self._logprobs_mode()),
-                                   name=self.name, watch=self.server.exited, model=self.model)
-        self.client.start()
-
-    def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
-        assert self.client is not None, "start() first"
-        outs = self.client.run(cases, sampling)
-        self.timings.update(self.client.timings)
-        return outs
-
-    def measure_speeds(self, cases: Sequence[Case], sampling: Sampling,
-                       levels: Sequence[int]) -> dict[int, Speed]:
-        assert self.client is not None, "start() first"
-        return self.client.measure_speeds(cases, sampling, levels)
+        self.start_server(VLLMServer(self.model, settings, python=python,
+                                     log_path=self.server_log("vllm-server-")))
+        self.connect(OpenAIOptions(self.base_url, self.concurrency, logprobs_mode=self._logprobs_mode()))
 
     def sampler_traits(self) -> SamplerTraits:
         """The Sampler ability: vLLM's sampler behind its server (``logprobs_mode`` as served)."""
@@ -144,17 +113,8 @@ class VLLMServerRunner(NoTensors):
         self.timings.update(self.client.timings)
         return got
 
-    def endpoint(self) -> Endpoint:
-        """The ServesOpenAI ability: the server this runner started (``start`` first)."""
-        assert self.server is not None, "start() first"
-        return Endpoint(self.server.base_url + "/v1", self.model.name, managed=True)
-
     def _logprobs_mode(self) -> str:
         return str(self.engine_options.get("logprobs_mode", "raw_logprobs"))
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
 
 
 @ENGINES.register("vllm-server", help="a vLLM server the harness starts and stops "

@@ -44,13 +44,10 @@ from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, R
 from harness.capabilities import Capabilities
 from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
-from harness.engines.launch.converted import Converted, ensure_converted_by, without_paths
+from harness.engines.launch.converted import Converted, ensure_converted_by
 from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
-from harness.engines.launch.procs import run_engine
-from harness.engines.launch.worker_lines import WorkerFailed, check_result
-from harness.engines.vllm.runner import output_from_fields
+from harness.engines.launch.worker_run import output_from_fields, run_worker
 from harness.engines.vllmcpp.build import Build, BuildError, ensure_build
-from harness.excerpt import file_tail
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -215,23 +212,18 @@ class VllmCppRunner(NoTensors):
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         assert self.build is not None, "start() first"
         work = Path(tempfile.mkdtemp(prefix="vllmcpp-", dir=self.run_dir))
-        req, res = work / "request.json", work / "result.jsonl"
         self.log_path = work / "engine.log"
         engine = {"max_num_seqs": max(1, min(len(cases), 8)), **self.engine_opts}
-        req.write_text(json.dumps({
+        request = {
             "model": str(self.model_path), "engine": engine,
             "sampling": {"temperature": 0.0, "ignore_eos": False},
             "cases": [{"id": c.id, "prompt_text": self.prompt_text(c), "max_tokens": sampling.max_tokens}
-                      for c in cases]}))
-        exited = run_engine([str(self.build.worker), str(req), str(res)], self.log_path, TIMEOUT_S,
-                            dict(os.environ),
-                            label=f"vllm.cpp {self.name} ({self.model.name}, {len(cases)} cases)")
-        try:
-            done = check_result(res, f"the vllm.cpp worker of {self.name}", exited,
-                                doing=f"running {len(cases)} cases of {self.model.name}")
-        except WorkerFailed as e:
-            e.reason, e.detail = self._here(e.reason), self._here(e.detail)
-            raise e.engine_error(self._here(file_tail(self.log_path)), prefix=f"{self.name}: ") from None
+                      for c in cases]}
+        done = run_worker([str(self.build.worker)], request, work, timeout_s=TIMEOUT_S, env=dict(os.environ),
+                          label=f"vllm.cpp {self.name} ({self.model.name}, {len(cases)} cases)",
+                          who=f"the vllm.cpp worker of {self.name}",
+                          doing=f"running {len(cases)} cases of {self.model.name}", name=self.name,
+                          places=self._places())
         self.meta = done.meta
         self.timings.update({k: float(v) for k, v in done.meta["timings"].items()})
         self.timings["output_tokens"] = float(done.meta["output_tokens"])
@@ -274,7 +266,8 @@ class VllmCppRunner(NoTensors):
 
     # --- helpers ----------------------------------------------------------------------------------
 
-    def _here(self, text: str) -> str:
+    def _places(self) -> dict[str, str]:
+        """This machine's folders, as a failure's text names them."""
         places = {self.model.path: self.model.name}
         if self.build is not None:
             places[str(self.build.folder)] = "<vllm.cpp build>"
@@ -282,7 +275,7 @@ class VllmCppRunner(NoTensors):
             places[str(self.weights.path.parent)] = "<converted>"
         if self.run_dir is not None:
             places[str(self.run_dir)] = "<run folder>"
-        return without_paths(text, places)
+        return places
 
 
 @ENGINES.register("vllmcpp", help="vllm.cpp built from its source on first use (vllmcpp:src=PATH,gguf=f16)")

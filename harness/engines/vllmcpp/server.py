@@ -22,20 +22,17 @@ generic OpenAI client would: the record then names the request that killed the e
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.abilities import Endpoint
-from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
-from harness.device import device_block
-from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
+from harness.api import Case, EngineInfo, EngineRefused, Output, Sampling
+from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.launch.loopback import LoopbackServer
-from harness.engines.openai import OpenAIOptions, OpenAIRunner
+from harness.engines.openai import OpenAIOptions
+from harness.engines.openai.managed import ManagedServerRunner
 from harness.engines.vllmcpp.runner import ENGINE_OPTIONS, VllmCppRunner
 from harness.models import ModelRef
-from harness.speed import Speed
 
 START_TIMEOUT_S = float(os.environ.get("HARNESS_VLLMCPP_START_TIMEOUT_S", "600"))
 TOKENIZED_BY = ("the engine's input processor, read through the harness's worker on the same build "
@@ -62,34 +59,21 @@ class VllmCppServer(LoopbackServer):
         return out
 
 
-class VllmCppServerRunner(NoTensors):
+class VllmCppServerRunner(ManagedServerRunner):
     """vllm.cpp's server as a candidate (see module doc)."""
 
     tensors_why_not = "vllm.cpp's server answers text over HTTP, never its hidden states"
 
     def __init__(self, model: ModelRef, options: Mapping[str, str], name: str,
                  run_dir: Path | None = None, concurrency: int = 1) -> None:
-        opts = dict(options)
-        try:
-            self.concurrency = int(opts.pop("c", concurrency))
-        except ValueError:
-            raise EngineRefused(f"candidate {name!r}: c must be a whole number") from None
+        super().__init__(model, options, name, run_dir, concurrency)
+        opts = self.options
         self.prompts = opts.pop("prompts", "text")
         if self.prompts not in ("text", "auto"):
             raise EngineRefused(f"candidate {name!r}: prompts={self.prompts!r}; valid: text (default: the "
                                 f"server takes string prompts only), auto (try token ids first, as "
                                 f"openai: does; it stops vllm.cpp's engine at d85906ae)")
         self.engine = VllmCppRunner(model, opts, name, run_dir=run_dir)
-        self.name, self.model, self.run_dir = name, model, run_dir
-        self.server: VllmCppServer | None = None
-        self.client: OpenAIRunner | None = None
-        self.timings: dict[str, float] = {}
-
-    def endpoint(self) -> Endpoint:
-        """The ServesOpenAI ability (``make api CANDIDATE=vllmcpp-server``): the server this runner
-        started, so the API gate may send it requests that might kill it."""
-        assert self.server is not None, "start() first"
-        return Endpoint(self.server.base_url + "/v1", self.model.name, managed=True)
 
     def info(self) -> EngineInfo:
         inner = self.engine.info()
@@ -101,17 +85,9 @@ class VllmCppServerRunner(NoTensors):
     def start(self) -> None:
         self.engine.start()
         assert self.engine.build is not None
-        log = Path(tempfile.mkdtemp(prefix="vllmcpp-server-", dir=self.run_dir)) / "server.log" \
-            if self.run_dir is not None else None
         flags = {k: v for k, v in self.engine.engine_opts.items() if k in ENGINE_OPTIONS}
-        self.server = VllmCppServer(self.engine.build.server, self.engine.model_path, self.model.name, flags,
-                                    log_path=log)
-        try:
-            self.server.start()
-        except EngineFailed:
-            self.server.stop()
-            raise
-        self.timings["server_start_s"] = float(self.server.start_s or 0.0)
+        self.start_server(VllmCppServer(self.engine.build.server, self.engine.model_path, self.model.name,
+                                        flags, log_path=self.server_log("vllmcpp-server-")))
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         assert self.server is not None, "start() first"
@@ -123,29 +99,15 @@ class VllmCppServerRunner(NoTensors):
                 raise ValueError("the worker returned no tokenization of this text")
             return list(by_text[text])
 
-        opts = OpenAIOptions(self.server.base_url + "/v1", self.concurrency, model=self.model.name,
-                             prompts=self.prompts)
-        self.client = OpenAIRunner(opts, name=self.name, watch=self.server.exited, model=self.model,
-                                   tokenize=(TOKENIZED_BY, tokenize))
-        self.client.start()
-        outs = self.client.run(cases, sampling)
-        self.timings.update(self.client.timings)
-        return outs
+        opts = OpenAIOptions(self.base_url, self.concurrency, model=self.model.name, prompts=self.prompts)
+        self.connect(opts, tokenize=(TOKENIZED_BY, tokenize))
+        return super().run(cases, sampling)
 
     def _tokenizations(self, cases: Sequence[Case]) -> dict[str, tuple[int, ...]]:
         """case id -> the prompt ids the engine makes of the case's text (one worker run, 1 token)."""
         self.engine.run(cases, Sampling(max_tokens=1, logprobs=0))
         return dict(self.engine.served)
 
-    def facts(self) -> RunFacts:
-        client = self.client.facts() if self.client else RunFacts()
-        speed: Speed | None = client.speed
-        return RunFacts(timings=dict(self.timings), speed=speed, capabilities=client.capabilities,
-                        device=device_block("cpu") if self.client else {})
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
 
 
 @ENGINES.register("vllmcpp-server", help="vllm.cpp's OpenAI server, built from its source on first use, "

@@ -22,10 +22,8 @@ numbers are the same.
 
 from __future__ import annotations
 
-from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.pip.runner import EngineSpec, PipEngineRunner, make_pip_runner
+from harness.engines.pip.runner import EngineSpec, register_pip_engine
 from harness.engines.pip.venvs import PipEngine, oracle
-from harness.models import ModelRef
 
 VERSION = "4.8.5"
 
@@ -48,6 +46,4 @@ SPEC = EngineSpec(
 )
 
 
-@ENGINES.register("ct2", help="CTranslate2 on the model's weights, converted on first use (ct2:threads=2)")
-def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> PipEngineRunner:
-    return make_pip_runner(SPEC, model, parse_options(arg, spec), ctx.name or spec, ctx.run_dir)
+register_pip_engine(SPEC, help="CTranslate2 on the model's weights, converted on first use (ct2:threads=2)")

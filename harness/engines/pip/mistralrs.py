@@ -11,10 +11,8 @@ Top-k logprobs come back with token ids; greedy with every sampling field set ex
 
 from __future__ import annotations
 
-from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.pip.runner import EngineSpec, PipEngineRunner, make_pip_runner
+from harness.engines.pip.runner import EngineSpec, register_pip_engine
 from harness.engines.pip.venvs import PipEngine, oracle
-from harness.models import ModelRef
 
 VERSION = "0.9.5"
 
@@ -36,6 +34,4 @@ SPEC = EngineSpec(
 )
 
 
-@ENGINES.register("mistralrs", help="mistral.rs on the model's safetensors (text prompts; top-k logprobs)")
-def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> PipEngineRunner:
-    return make_pip_runner(SPEC, model, parse_options(arg, spec), ctx.name or spec, ctx.run_dir)
+register_pip_engine(SPEC, help="mistral.rs on the model's safetensors (text prompts; top-k logprobs)")

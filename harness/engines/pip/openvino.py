@@ -16,10 +16,8 @@ comparators and the greedy self-check are impossible there. See ``workers/openvi
 
 from __future__ import annotations
 
-from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.pip.runner import EngineSpec, PipEngineRunner, make_pip_runner
+from harness.engines.pip.runner import EngineSpec, register_pip_engine
 from harness.engines.pip.venvs import PipEngine, oracle
-from harness.models import ModelRef
 
 VERSION = "2026.4.1.0"
 
@@ -47,7 +45,5 @@ SPEC = EngineSpec(
 )
 
 
-@ENGINES.register("openvino", help="OpenVINO GenAI on the model's weights, exported on first use "
-                                   "(openvino:precision=default keeps the CPU plugin's bf16/u8 defaults)")
-def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> PipEngineRunner:
-    return make_pip_runner(SPEC, model, parse_options(arg, spec), ctx.name or spec, ctx.run_dir)
+register_pip_engine(SPEC, help="OpenVINO GenAI on the model's weights, exported on first use "
+                               "(openvino:precision=default keeps the CPU plugin's bf16/u8 defaults)")

@@ -10,10 +10,8 @@ at a time). See ``workers/ortgenai_worker.py``.
 
 from __future__ import annotations
 
-from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.pip.runner import EngineSpec, PipEngineRunner, make_pip_runner
+from harness.engines.pip.runner import EngineSpec, register_pip_engine
 from harness.engines.pip.venvs import PipEngine, oracle
-from harness.models import ModelRef
 
 VERSION = "0.18.0"
 
@@ -33,6 +31,4 @@ SPEC = EngineSpec(
 )
 
 
-@ENGINES.register("ortgenai", help="ONNX Runtime GenAI on the model's weights, exported on first use")
-def _factory(spec: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> PipEngineRunner:
-    return make_pip_runner(SPEC, model, parse_options(arg, spec), ctx.name or spec, ctx.run_dir)
+register_pip_engine(SPEC, help="ONNX Runtime GenAI on the model's weights, exported on first use")

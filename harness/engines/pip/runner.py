@@ -26,7 +26,7 @@ from typing import Any, Literal
 from harness.api import Case, EngineFailed, EngineInfo, EngineRefused, Output, RunFacts, Sampling
 from harness.capabilities import Capabilities
 from harness.device import device_block
-from harness.engines.base import NoTensors
+from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
 from harness.engines.launch.converted import Converted, ensure_converted
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo
 from harness.engines.launch.worker_run import full_rows, output_from_fields, run_worker, score_from_line
@@ -256,6 +256,16 @@ class ScoringPipEngineRunner(PipEngineRunner):
         return {"logprobs": k, "sequences": [
             {"id": c.id, "prompt_ids": list(c.prompt_ids), "continuation_ids": list(continuations[c.id])}
             for c in cases if c.id in continuations and continuations[c.id]]}
+
+
+def register_pip_engine(spec: EngineSpec, help: str) -> None:  # noqa: A002 - the registry's word
+    """The one registration of a PyPI engine: candidate ``spec.key`` (options as ``spec.options``
+    lists them), with ``help`` for ``harness engines``."""
+
+    def factory(name: str, arg: str | None, model: ModelRef, ctx: RunnerContext) -> PipEngineRunner:
+        return make_pip_runner(spec, model, parse_options(arg, name), ctx.name or name, ctx.run_dir)
+
+    ENGINES.register(spec.key, help=help)(factory)
 
 
 def make_pip_runner(spec: EngineSpec, model: ModelRef, options: Mapping[str, str], name: str,

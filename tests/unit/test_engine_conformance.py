@@ -44,21 +44,27 @@ def test_every_registered_engine_meets_the_contract(name: str, model: ModelRef) 
 # --- the planted doubles -------------------------------------------------------------------------
 
 
-class Conforming(NoTensors):
-    """Everything the kit asks, with ``sleep`` as its engine process (stopped on close)."""
+class Sleeper:
+    """A double whose engine process is ``sleep`` (no engine: the unit tier starts none)."""
 
-    def __init__(self, name: str, options: Mapping[str, str]) -> None:
-        unknown = sorted(set(options) - {"speed"})
-        if unknown:
-            raise EngineRefused(f"candidate {name!r}: unknown option(s) {', '.join(unknown)}; valid: speed")
-        self.name = name
-        self.proc: subprocess.Popen[bytes] | None = None
+    name: str
+    proc: subprocess.Popen[bytes] | None = None
 
     def info(self) -> EngineInfo:
         return EngineInfo(self.name, "double", "1.0")
 
     def start(self) -> None:
         self.proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+
+
+class Conforming(Sleeper, NoTensors):
+    """Everything the kit asks; its process is stopped on close."""
+
+    def __init__(self, name: str, options: Mapping[str, str]) -> None:
+        unknown = sorted(set(options) - {"speed"})
+        if unknown:
+            raise EngineRefused(f"candidate {name!r}: unknown option(s) {', '.join(unknown)}; valid: speed")
+        self.name = name
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         return [Output(c.id, (7,) * sampling.max_tokens, "x") for c in cases]
@@ -72,7 +78,7 @@ class Conforming(NoTensors):
             self.proc.wait()
 
 
-class Broken:
+class Broken(Sleeper):
     """Breaks one rule per check: a fixed name, half of the Sampler ability, a tensor kind declared
     impossible that does not refuse, unknown options swallowed, a second close that raises, and,
     started, one answer for two cases, no device, and its process left running."""
@@ -81,13 +87,6 @@ class Broken:
 
     def __init__(self) -> None:
         self.closed = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def info(self) -> EngineInfo:
-        return EngineInfo(self.name, "double", "1.0")
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
 
     def run(self, cases: Sequence[Case], sampling: Sampling) -> list[Output]:
         return [Output(cases[0].id, (7,), "x")]

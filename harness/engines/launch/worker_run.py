@@ -14,13 +14,13 @@ engines' workers and vllm.cpp's worker write the same fields.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from harness.api import Output
+from harness.api import Case, Output
 from harness.engines.launch.converted import without_paths
 from harness.engines.launch.procs import run_engine
 from harness.engines.launch.worker_lines import Finished, WorkerFailed, check_result
@@ -43,6 +43,22 @@ def run_worker(argv: Sequence[str], request: Mapping[str, Any], work: Path, *, t
     except WorkerFailed as e:
         e.reason, e.detail = without_paths(e.reason, places), without_paths(e.detail, places)
         raise e.engine_error(without_paths(file_tail(log), places), prefix=f"{name}: ") from None
+
+
+def case_lines(cases: Sequence[Case], lines: Sequence[Mapping[str, Any]], title: str,
+               served: dict[str, tuple[int, ...]]) -> Iterator[tuple[Case, Mapping[str, Any], Output | None]]:
+    """Each case with its ``case`` line (empty: the worker wrote none) and, where the worker did not
+    answer it, the error Output (``title: why``). The prompt ids an engine made of a text prompt
+    (``served_prompt_ids``) go into ``served``."""
+    got = {d["id"]: d for d in lines if d.get("kind") == "case"}
+    for c in cases:
+        d = got.get(c.id)
+        if d is not None and d.get("served_prompt_ids") is not None:
+            served[c.id] = tuple(int(t) for t in d["served_prompt_ids"])
+        failed = None
+        if d is None or d.get("error"):
+            failed = Output(c.id, (), error=f"{title}: {(d or {}).get('error') or 'no result for this case'}")
+        yield c, d or {}, failed
 
 
 def output_from_fields(case_id: str, d: Mapping[str, Any], *, error: str | None = None,

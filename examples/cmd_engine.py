@@ -1,6 +1,6 @@
 """A complete `cmd:` engine: transformers, greedy. Reads the workload (JSONL) on stdin, writes one
 JSON line per case on stdout.   make gate CANDIDATE='cmd:.venv/bin/python examples/cmd_engine.py {model}'
-It also answers the optional tensors request (harness/engines/cmd.py), with the harness's own taps
+It also answers the optional tensors request (harness/engines/cmd/runner.py), with the harness's own taps
 on transformers' modules: another engine would hook its own layers and name them alike."""
 import json
 import sys
@@ -15,7 +15,7 @@ taps = None
 for line in sys.stdin:
     case = json.loads(line)
     if "tensors" in case:  # every position of a whole sequence, per layer and sub-block
-        from harness.engines.layer_taps import LayerTaps, family_of
+        from harness.engines.launch.layer_taps import LayerTaps, family_of
 
         taps = taps or LayerTaps(model, family_of(model.config.model_type))
         taps.arm()

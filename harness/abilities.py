@@ -99,7 +99,7 @@ class TensorSource(Protocol):
         """Teacher forcing, per sequence id (the sequence is token ids, fed whole): at every position,
         ``layer.<i>.attn`` and ``layer.<i>.mlp`` (``.moe``: a mixture-of-experts block) — the residual
         stream after each sub-block —, ``final_norm`` and ``logits``, each ``[positions, width]``
-        float32, named alike in every engine (:mod:`harness.engines.layer_taps`). Raises
+        float32, named alike in every engine (:mod:`harness.engines.launch.layer_taps`). Raises
         :class:`~harness.api.EngineRefused` (the reason) or :class:`~harness.api.EngineFailed` (the
         engine crashed)."""
         ...

@@ -15,7 +15,7 @@ from harness.api import EngineRefused
 from harness.commands import SUBCOMMANDS
 from harness.console import error
 from harness.console import stderr as err
-from harness.engines.venvs import VenvError
+from harness.engines.launch.venvs import VenvError
 from harness.goldens import GoldenError
 from harness.models.built import ModelBuildError
 from harness.records import RecordError

@@ -1,8 +1,8 @@
 """How every virtualenv of the project is filled: uv where it can, pip where it cannot.
 
 One recipe for the project's own venv (``make venv`` runs ``python -m harness.installer``), the
-release venvs (:mod:`harness.engines.venvs`) and the PyPI engines' venvs
-(:mod:`harness.engines.pip_venvs`):
+release venvs (:mod:`harness.engines.launch.venvs`) and the PyPI engines' venvs
+(:mod:`harness.engines.pip.venvs`):
 
 1. ``python -m venv`` (with pip: the fallback, and what ``pip config`` and ``pip index`` answer);
 2. ``uv pip install --python <venv>`` with the requirements, uv being the pinned one

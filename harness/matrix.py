@@ -5,7 +5,7 @@ consumer, refusal probe -- inside each release's venv (:mod:`harness.kinds.kv.ki
 is timed there.
 
 ``make matrix MODEL=tiny-llama VLLM="0.31.0 0.32.0"`` gates ``vllm@<version>`` for each release,
-each in its own venv (created on first use, see :mod:`harness.engines.venvs`), against the same
+each in its own venv (created on first use, see :mod:`harness.engines.launch.venvs`), against the same
 goldens of the pinned oracle. Speed is stated as a ratio to the oracle measured in the same matrix
 run: when the pin is in the list its own run *is* the oracle's measurement (it goes first);
 otherwise the oracle is timed once up front (one engine start), never once per release.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.venvs import VenvError, check_version
-from harness.engines.vllm_release import VLLMReleaseRunner
+from harness.engines.launch.venvs import VenvError, check_version
+from harness.engines.vllm.release import VLLMReleaseRunner
 from harness.excerpt import clip
 from harness.models import resolve_model
 from harness.oracle import load_or_record, measure_speed

@@ -9,7 +9,7 @@ Installed with the package (entry point ``pytest11``). In a test::
 explanation when the outcome is not ``pass``. ``--parity-root`` points at a harness workspace
 (suites/, goldens/, models/, reports/); the default is the installed harness's repository.
 
-Every session counts the engines it starts (:mod:`harness.engines.ledger`): ``$HARNESS_ENGINE_LEDGER``
+Every session counts the engines it starts (:mod:`harness.engines.launch.ledger`): ``$HARNESS_ENGINE_LEDGER``
 points at a file for the session (unless already set), and the terminal summary ends with the count
 (``engine starts: 0`` included), the seconds spent starting them and which test files paid for them.
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from harness.engines import ledger
+from harness.engines.launch import ledger
 from harness.records import Record
 from harness.signals import interrupt_on_sigterm
 from harness.workspace import Workspace

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 
 from harness.api import Case, Output
-from harness.engines.pool import EnginePool, pooled
+from harness.engines.vllm.pool import EnginePool, pooled
 from harness.workspace import REPO_ROOT, Workspace
 
 
 @pytest.fixture(scope="session", autouse=True)
 def engine_pool() -> Iterator[EnginePool]:
     """One live vLLM engine per (interpreter, model, engine settings, environment) for the whole
-    session (:mod:`harness.engines.pool`): any test that runs the pinned vLLM through the harness
+    session (:mod:`harness.engines.vllm.pool`): any test that runs the pinned vLLM through the harness
     (``run_gate``, ``VLLMRunner``, ``harness.cli.main``) in this process shares it; the first
     workload of a configuration starts it. A test about a fresh engine wraps its run in
-    ``harness.engines.pool.unpooled()``. Engines configured per run (a KV connector's store,
+    ``harness.engines.vllm.pool.unpooled()``. Engines configured per run (a KV connector's store,
     invariance groups, servers) and harness child processes start their own."""
     with pooled() as pool:
         yield pool

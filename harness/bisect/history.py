@@ -79,7 +79,7 @@ def check_candidate(spec: str) -> str:
 
 def build(checkout: Path, command: str, log: Path) -> str | None:
     """Run ``command`` in ``checkout``; None when it succeeded, else why not (exit code, log tail)."""
-    from harness.engines.procs import kill_group, parent_death_signal, track
+    from harness.engines.launch.procs import kill_group, parent_death_signal, track
 
     with log.open("wb") as fh:
         proc = subprocess.Popen(["/bin/sh", "-c", command], cwd=checkout, stdout=fh, stderr=subprocess.STDOUT,
@@ -104,7 +104,7 @@ def history_probe(ws: Workspace, model: ModelRef, suite: Suite, repo: Path, cand
                   build_cmd: str | None, work: Path,
                   progress: Callable[[str], None] = lambda s: None) -> Callable[[str], Observation]:
     """The probe of one commit (see the module doc); ``work``: the scratch folder of this bisect."""
-    from harness.engines.cmd import CmdRunner
+    from harness.engines.cmd.runner import CmdRunner
     from harness.pipeline import run_gate
 
     command = check_candidate(candidate)

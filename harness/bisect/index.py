@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.bisect import BisectError
-from harness.engines.venvs import PACKAGE, venvs_root
+from harness.engines.launch.venvs import PACKAGE, venvs_root
 from harness.excerpt import LINE, NOTE, clip, tail
 from harness.features.cells import release_key
 from harness.provenance import now_utc

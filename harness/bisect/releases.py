@@ -3,7 +3,7 @@
 The step is exactly what ``make gate CANDIDATE=vllm@<release>`` (parity suites) or
 ``make gate SUITE=kv_roundtrip CANDIDATE=vllm@<release> [CONNECTOR=...]`` (KV suites) does, through
 :func:`harness.pipeline.run_gate`, and writes the same record. The release's venv is the shared one
-(:mod:`harness.engines.venvs`: created on first use, hard-linked with the others, reused by every
+(:mod:`harness.engines.launch.venvs`: created on first use, hard-linked with the others, reused by every
 later bisect or matrix); ``remove_venvs`` deletes the ones this bisect had to create once their step
 is over (their records do not need them).
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.api import Runner
 from harness.bisect.verdicts import Focus, Observation, observe, rel_path, unrun
-from harness.engines.venvs import VenvError, read_venv, remove_venv, venv_dir, venvs_root
+from harness.engines.launch.venvs import VenvError, read_venv, remove_venv, venv_dir, venvs_root
 from harness.excerpt import NOTE, first_line
 from harness.models import ModelRef
 from harness.records import Record, RecordError, load_record
@@ -115,7 +115,7 @@ def release_probe(ws: Workspace, model: ModelRef, suite: Suite, *, kv: bool, foc
 
 
 def _release_runner(ws: Workspace, model: ModelRef, version: str, concurrency: int | None) -> Runner:
-    from harness.engines.vllm_release import VLLMReleaseRunner
+    from harness.engines.vllm.release import VLLMReleaseRunner
 
     return VLLMReleaseRunner(model, version, {}, name=f"vllm@{version}", run_dir=ws.runs,
                              concurrency=concurrency)

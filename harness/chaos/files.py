@@ -124,7 +124,7 @@ def four_gates(tmp: Path) -> Row:
         fh.close()
     wall = time.monotonic() - t0
     oracle_runs = len({k for w in watches for k, cmd in w.seen.items()
-                       if "vllm_worker.py" in cmd and GUARD not in cmd})
+                       if "vllm/worker.py" in cmd and GUARD not in cmd})
     left = []
     for w in watches:
         left += w.wait_gone(30)[1]
@@ -181,7 +181,7 @@ def sigterm_make_test(tmp: Path) -> Row:
     test.write_text(MAKE_TEST.format(model=MODEL, marker=str(marker)))
     argv = ["make", "-C", str(REPO_ROOT), "-o", ".venv/.installed", "test",
             f"PYTEST_ARGS={test} -p no:cacheprovider -q"]
-    ran = run(sandbox, argv, trigger=engine_up("vllm_worker.py"), inject=signal_harness(signal.SIGTERM))
+    ran = run(sandbox, argv, trigger=engine_up("vllm/worker.py"), inject=signal_harness(signal.SIGTERM))
     gone_s, left = ran.watch.wait_gone(30)
     ran.watch.stop()
     stopped = "SIGTERM" in ran.output and not marker.exists()

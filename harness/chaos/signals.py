@@ -73,12 +73,12 @@ def candidate_killed(tmp: Path) -> Row:
     sandbox = Sandbox.make(tmp, "candidate-kill")
 
     def kill_engine(proc: subprocess.Popen[bytes], watch: TreeWatch) -> str:
-        pids = watch.matching("vllm_worker.py")
+        pids = watch.matching("vllm/worker.py")
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         return f"SIGKILL to the vLLM engine process {pids}"
 
-    ran = run(sandbox, harness(*WHAT["gate"][0]), trigger=engine_up("vllm_worker.py"), inject=kill_engine)
+    ran = run(sandbox, harness(*WHAT["gate"][0]), trigger=engine_up("vllm/worker.py"), inject=kill_engine)
     lost, did = _one_record(sandbox, want="error")
     return _finish("the candidate engine killed with SIGKILL mid-run", "SIGKILL to the engine", ran, sandbox,
                    lost, did=f"{_exit(ran.rc)}; {did}")
@@ -90,12 +90,12 @@ def engine_hangs(tmp: Path) -> Row:
     sandbox = Sandbox.make(tmp, "hang")
 
     def stop_engine(proc: subprocess.Popen[bytes], watch: TreeWatch) -> str:
-        pids = [p for n in ("vllm_worker.py", "EngineCore", "VLLM::Worker") for p in watch.matching(n)]
+        pids = [p for n in ("vllm/worker.py", "EngineCore", "VLLM::Worker") for p in watch.matching(n)]
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         return f"SIGSTOP to the engine's {len(pids)} processes"
 
-    ran = run(sandbox, harness(*WHAT["gate"][0]), trigger=engine_up("vllm_worker.py"), inject=stop_engine,
+    ran = run(sandbox, harness(*WHAT["gate"][0]), trigger=engine_up("vllm/worker.py"), inject=stop_engine,
               env={"HARNESS_VLLM_TIMEOUT_S": str(HANG_TIMEOUT_S)})
     lost, did = _one_record(sandbox, want="error", needle=f"did not finish within {HANG_TIMEOUT_S}")
     row = _finish(f"an engine that stops answering (timeout {HANG_TIMEOUT_S} s)",

@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.engines.procs import pid_running
+from harness.engines.launch.procs import pid_running
 from harness.excerpt import NOTE, clip, first_line
 
 POLL_S = 0.1
-GUARD = "engines/guard.py"
+GUARD = "engines/launch/guard.py"
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -86,7 +86,7 @@ class TreeWatch:
 
     def matching(self, *needles: str) -> list[int]:
         """Live pids seen whose command line holds every needle (never a guard, whose command line
-        holds its engine's: :mod:`harness.engines.guard`)."""
+        holds its engine's: :mod:`harness.engines.launch.guard`)."""
         with self._lock:
             items = list(self.seen.items())
         return [pid for (pid, start), cmd in items

@@ -80,7 +80,7 @@ def _venvs_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_venvs(a: argparse.Namespace, ws: Workspace) -> int:
-    from harness.engines.venvs import remove_venv, venv_listing, venvs_root
+    from harness.engines.launch.venvs import remove_venv, venv_listing, venvs_root
     from harness.workspace import REPO_ROOT
 
     root = venvs_root(REPO_ROOT)

@@ -24,7 +24,7 @@ def engine_error(key: str, oracle: Output, candidate: Output, case: Case) -> Ver
 def unmapped(key: str, oracle: Output, candidate: Output, case: Case, pos: int,
              decode: Decode | None) -> Verdict | None:
     """An ``error`` verdict when the candidate's token at the first divergence ``pos`` is a token text
-    several ids render as (a text-keyed server, see harness.engines.token_text): its id is unknown,
+    several ids render as (a text-keyed server, see harness.engines.openai.token_text): its id is unknown,
     so neither a pass nor a fail would be true."""
     if pos >= len(candidate.token_ids) or candidate.token_ids[pos] >= 0:
         return None
@@ -37,7 +37,7 @@ def unmapped(key: str, oracle: Output, candidate: Output, case: Case, pos: int,
 
 
 def _tok(decode: Decode | None, tid: int) -> str:
-    if tid < 0:  # a token text no single id accounts for (harness.engines.token_text.UNMAPPED)
+    if tid < 0:  # a token text no single id accounts for (harness.engines.openai.token_text.UNMAPPED)
         return f"{tid} (a token text several ids render as: id unknown)"
     return f"{tid} {decode([tid])!r}" if decode else str(tid)
 

@@ -1,4 +1,4 @@
-"""Engines: one module per engine, one :class:`~harness.api.Runner` contract, one registry.
+"""Engines: one package per engine family, one :class:`~harness.api.Runner` contract, one registry.
 
 * ``hf`` / ``hf:device=cuda,dtype=bfloat16``  transformers (:mod:`harness.engines.hf`)
 * ``vllm`` / ``vllm:dtype=bfloat16``           the pinned vLLM, the oracle's own engine
@@ -11,8 +11,11 @@
 * ``ct2`` / ``ortgenai`` / ``openvino`` / ``mistralrs``  engines from PyPI in their own venvs, on the
                                                model converted on first use (docs/engines-cpu.md)
 
-A new engine is one module that registers a factory in :data:`ENGINES` (see
-:mod:`harness.engines.base`) and one import below; nothing else changes.
+Each family is a package beside the machinery they share (:mod:`harness.engines.launch`); a new
+engine is a family package that registers a factory in :data:`ENGINES` (see
+:mod:`harness.engines.base`) and one import below — a PyPI engine is a spec module and a worker body
+in :mod:`harness.engines.pip`, no import at all. Every registered engine runs the conformance kit
+(:mod:`harness.engines.conformance`). docs/adding-an-engine.md walks through both.
 """
 
 from __future__ import annotations
@@ -22,19 +25,12 @@ from collections.abc import Mapping
 from harness.api import Runner
 from harness.engines import (  # noqa: F401 - they register
     cmd,
-    ct2,
     hf,
     llamacpp,
-    mistralrs,
     openai,
-    openvino,
-    ortgenai,
+    pip,
     vllm,
-    vllm_release,
-    vllm_sampler,
-    vllm_server,
     vllmcpp,
-    vllmcpp_server,
 )
 from harness.engines.base import ENGINES, RunnerContext, engine_key, parse_options, split_spec
 from harness.models import ModelRef

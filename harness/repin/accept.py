@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.engines.venvs import PACKAGE, read_venv, venv_dir
+from harness.engines.launch.venvs import PACKAGE, read_venv, venv_dir
 from harness.goldens import golden_dir, read_golden
 from harness.repin import RepinError
 from harness.repin.whatif import Compared, committed_pairs

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from harness.engines.venvs import PACKAGE, read_venv, venv_listing, venvs_root
+from harness.engines.launch.venvs import PACKAGE, read_venv, venv_listing, venvs_root
 from harness.repin.whatif import Compared
 from harness.workspace import REPO_ROOT, Workspace
 

@@ -128,7 +128,7 @@ def what_if(ws: Workspace, release: str, pairs: Sequence[tuple[str, str]], *, fr
             recorder: Recorder = record_release,
             progress: Callable[[str], None] = lambda s: None) -> list[Compared]:
     """Record (or reuse) ``release``'s goldens for ``pairs`` and compare each with the committed set."""
-    from harness.engines.venvs import PACKAGE, check_version
+    from harness.engines.launch.venvs import PACKAGE, check_version
 
     check_version(release)
     now = oracle_pin()

@@ -21,6 +21,7 @@ SHARED_ENGINE_ORDER = (
     # tiny-llama, default settings; test_gate_smoke last: its refused configuration's start pushes
     # the default engine out of a one-engine pool
     "test_engine_pool.py",
+    "test_engine_conformance.py",
     "test_openai_vllm_server.py",
     "test_speed.py",
     "test_gate_smoke.py",

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from harness.engines import RunnerContext, make_runner
-from harness.engines.pip_engine import PipEngineRunner
+from harness.engines.pip.runner import PipEngineRunner
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace

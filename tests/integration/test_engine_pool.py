@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from harness.api import Output
-from harness.engines import ledger
-from harness.engines.pool import EnginePool, unpooled
-from harness.engines.vllm import VLLMRunner
+from harness.engines.launch import ledger
+from harness.engines.vllm.pool import EnginePool, unpooled
+from harness.engines.vllm.runner import VLLMRunner
 from harness.models import resolve_model
 from harness.suites import find_suite
 from harness.workspace import Workspace

@@ -13,7 +13,7 @@ import pytest
 
 from harness.api import Case, Sampling
 from harness.compare.kernels.full import dense_from_topk
-from harness.engines.vllm import VLLMRunner
+from harness.engines.vllm.runner import VLLMRunner
 from harness.models import resolve_model
 from harness.workspace import Workspace
 

@@ -20,8 +20,8 @@ import os
 import pytest
 
 from harness.engines import RunnerContext, make_runner
-from harness.engines.llamacpp import LlamaCppRunner
-from harness.engines.procs import group_alive
+from harness.engines.launch.procs import group_alive
+from harness.engines.llamacpp.runner import LlamaCppRunner
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace

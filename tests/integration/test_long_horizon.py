@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from harness.api import Case, EngineInfo, Output, RunFacts, Sampling
-from harness.engines.hf import HFRunner
+from harness.engines.hf.runner import HFRunner
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.records import load_record

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from harness.engines import RunnerContext, make_runner
-from harness.engines.procs import group_alive
-from harness.engines.vllm import VLLMRunner
-from harness.engines.vllm_server import VLLMServerRunner
+from harness.engines.launch.procs import group_alive
+from harness.engines.vllm.runner import VLLMRunner
+from harness.engines.vllm.server import VLLMServerRunner
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.records import load_record

@@ -21,8 +21,8 @@ import os
 import pytest
 
 from harness.engines import RunnerContext, make_runner
-from harness.engines.procs import group_alive
-from harness.engines.vllmcpp_server import VllmCppServerRunner
+from harness.engines.launch.procs import group_alive
+from harness.engines.vllmcpp.server import VllmCppServerRunner
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
 from harness.workspace import Workspace

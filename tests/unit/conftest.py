@@ -1,6 +1,6 @@
 """The unit tier starts no engine: a test here that starts one (or is served by a live one) fails.
 
-The engine-start ledger (:mod:`harness.engines.ledger`) names the test that paid for each start, child
+The engine-start ledger (:mod:`harness.engines.launch.ledger`) names the test that paid for each start, child
 processes included; a test here whose name is on a line of the session's ledger fails, saying what it
 ran. A test that needs a real engine belongs in ``tests/integration/`` (``make test`` runs both tiers,
 ``make test-unit`` this one)."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from harness.engines import ledger
+from harness.engines.launch import ledger
 from harness.pytest_plugin import session_ledger
 
 

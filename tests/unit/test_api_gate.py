@@ -99,8 +99,8 @@ def test_openai_spec_probe_option_and_endpoint() -> None:
 
 
 def test_servers_the_harness_starts_declare_the_ability() -> None:
-    from harness.engines.llamacpp import LlamaCppRunner
-    from harness.engines.vllm_server import VLLMServerRunner
+    from harness.engines.llamacpp.runner import LlamaCppRunner
+    from harness.engines.vllm.server import VLLMServerRunner
 
     assert issubclass(VLLMServerRunner, ServesOpenAI) and issubclass(LlamaCppRunner, ServesOpenAI)
 

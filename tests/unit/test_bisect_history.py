@@ -13,8 +13,9 @@ import pytest
 
 from harness.bisect import BisectError
 from harness.bisect.run import bisect_history
+from harness.record_paths import portable
 from harness.records import load_record
-from harness.workspace import Workspace
+from harness.workspace import REPO_ROOT, Workspace
 
 from .features_kit import commit, git, make_git_workspace
 from .test_bisect_releases import flipped, outputs
@@ -80,7 +81,8 @@ def test_the_planted_regression_is_found_and_a_broken_build_is_skipped(ws: Works
         if s["record"]:
             step = load_record(ws.root / s["record"])
             assert step.candidate.sha == s["point"]  # the per-SHA truth of that commit
-            assert step.candidate.settings["command"] == CANDIDATE.partition(":")[2]  # {repo} as written
+            # {repo} as written; the interpreter's path as records write every machine path
+            assert step.candidate.settings["command"] == portable(CANDIDATE.partition(":")[2], (ws.root, REPO_ROOT))
         else:
             assert s["state"] == "skip" and s["point"] == shas[2]
             assert s["reason"].startswith(f"cannot build {shas[2][:10]}: the build exited with 1")

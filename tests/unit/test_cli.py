@@ -54,7 +54,7 @@ def test_an_error_naming_a_table_prints_the_table(workspace: Workspace,
 
 def test_the_sampling_command_refuses_a_parity_suite_before_any_engine_starts(
         tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.engines import ledger
+    from harness.engines.launch import ledger
 
     starts = tmp_path / "ledger.jsonl"
     monkeypatch.setenv(ledger.ENV, str(starts))

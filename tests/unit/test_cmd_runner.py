@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.api import EngineRefused
-from harness.engines.cmd import CmdRunner
-from harness.engines.procs import pid_running
+from harness.engines.cmd.runner import CmdRunner
+from harness.engines.launch.procs import pid_running
 from harness.goldens import Golden, golden_dir, read_golden
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name

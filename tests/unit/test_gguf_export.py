@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from harness.engines.gguf_export import GGUFExportError, export_gguf, interleave_heads
+from harness.engines.launch.gguf_export import GGUFExportError, export_gguf, interleave_heads
 from harness.models import resolve_model
 from harness.workspace import Workspace
 

@@ -1,4 +1,4 @@
-"""The one install recipe (harness/installer.py, harness.engines.venvs.new_venv/ensure_venv): pip's
+"""The one install recipe (harness/installer.py, harness.engines.launch.venvs.new_venv/ensure_venv): pip's
 settings handed to uv, uv where it is, pip where uv is missing, refuses (a planted uv that always
 fails) or cannot be given a setting, and a stamp that names the installer. Real venvs, real pip,
 real uv (the one ``make venv`` installs beside the project's python; skipped where there is none),
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.venvs import ensure_venv, new_venv, read_venv, run_logged
+from harness.engines.launch.venvs import ensure_venv, new_venv, read_venv, run_logged
 from harness.installer import InstallError, find_uv, installer_for, pip_settings, uv_options, uv_pin
 
 ROOT = Path(__file__).resolve().parents[2]

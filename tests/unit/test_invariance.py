@@ -20,8 +20,8 @@ from harness.compare import build, unit
 from harness.compare.bit_exact import BitExact
 from harness.compare.near_tie import NearTie
 from harness.compare.rl_logprobs import RUN, RLLogprobs, rl_stats
-from harness.engines.procs import Exited
-from harness.engines.worker_lines import Lines
+from harness.engines.launch.procs import Exited
+from harness.engines.launch.worker_lines import Lines
 from harness.features.catalog import load_catalog
 from harness.features.cells import judge_record
 from harness.kinds.controls import run_controls

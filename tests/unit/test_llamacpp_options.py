@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.api import EngineRefused
-from harness.engines.llamacpp import LlamaCppRunner, LlamaCppServer
+from harness.engines.llamacpp.runner import LlamaCppRunner, LlamaCppServer
 from harness.models import resolve_model
 from harness.workspace import Workspace
 

@@ -15,7 +15,7 @@ from harness.api import Sampling
 from harness.compare.greedy import Greedy
 from harness.compare.kl import kl_topk_rest
 from harness.engines.openai import OpenAIRunner, parse_openai_spec
-from harness.engines.token_text import UNMAPPED, TokenTexts, token_bytes
+from harness.engines.openai.token_text import UNMAPPED, TokenTexts, token_bytes
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name

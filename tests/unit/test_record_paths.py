@@ -45,13 +45,13 @@ def test_a_written_record_quotes_no_machine_path(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     records = ws / "reports" / "records"
     reason = (f'engine died:\n  File "{sys.prefix}/lib/python3.11/site-packages/vllm/engine.py", line 9\n'
-              f"  store {ws}/.cache/store/x and {REPO_ROOT}/harness/engines/vllm.py")
+              f"  store {ws}/.cache/store/x and {REPO_ROOT}/harness/engines/vllm/runner.py")
     rec = dataclasses.replace(make_record(), verdicts=(Verdict("c01", "strict", "error", reason),))
     path = write_record(records, rec)
     text = path.read_text()
     assert machine_paths(text) == [], f"{path} quotes machine paths"
     written = load_record(path).verdicts[0].summary
-    assert "vllm/engine.py" in written and ".cache/store/x" in written and " harness/engines/vllm.py" in written
+    assert "vllm/engine.py" in written and ".cache/store/x" in written and " harness/engines/vllm/runner.py" in written
 
 
 def test_machine_paths_finds_what_portable_would_rewrite() -> None:

@@ -160,7 +160,7 @@ def test_bad_input(ws: Workspace) -> None:
         repin(ws, PIN.version, recorder=planted_recorder())
     with pytest.raises(RepinError, match="no committed goldens for model 'tiny-gpt3'"):
         repin(ws, RELEASE, models=["tiny-gpt3"], recorder=planted_recorder())
-    from harness.engines.venvs import VenvError
+    from harness.engines.launch.venvs import VenvError
 
     with pytest.raises(VenvError, match="not a full release number"):
         repin(ws, "0.31", recorder=planted_recorder())

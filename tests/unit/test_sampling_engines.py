@@ -10,7 +10,7 @@ import pytest
 from harness.abilities import SamplePass, Sampler, SampleRequest
 from harness.api import SAMPLER_PARAMETERS, EngineFailed, EngineRefused, Runner, Sampling
 from harness.engines import RunnerContext, make_runner
-from harness.engines.draws import PARAMS, samples
+from harness.engines.launch.draws import PARAMS, samples
 from harness.goldens import golden_dir, read_golden
 from harness.kinds.sampling.kind import SAMPLING_ENGINES
 from harness.models import resolve_model

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.procs import pid_running
+from harness.engines.launch.procs import pid_running
 from harness.workspace import REPO_ROOT
 
 
@@ -40,7 +40,7 @@ def _start_harness(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, int]:
     fake.chmod(0o755)
     harness = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""\
         from pathlib import Path
-        from harness.engines.vllm_server import VLLMServer
+        from harness.engines.vllm.server import VLLMServer
         from harness.models import resolve_model
         from harness.workspace import Workspace
         model = resolve_model("tiny-llama", Workspace(Path({str(REPO_ROOT)!r})))

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from harness.engines.vllm import default_engine_settings, full_rows, kv_bytes_per_token
-from harness.engines.vllm_worker import FullFiles, peak_rss_kib
+from harness.engines.launch.worker_run import full_rows
+from harness.engines.vllm.runner import default_engine_settings, kv_bytes_per_token
+from harness.engines.vllm.worker import FullFiles, peak_rss_kib
 from harness.models import resolve_model
 from harness.workspace import Workspace
 

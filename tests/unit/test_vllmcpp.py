@@ -15,8 +15,8 @@ import pytest
 
 from harness.api import Case, EngineRefused, Sampling
 from harness.engines import make_runner
-from harness.engines import vllmcpp as vc
-from harness.engines import vllmcpp_build as vb
+from harness.engines.vllmcpp import build as vb
+from harness.engines.vllmcpp import runner as vc
 from harness.goldens import golden_dir, read_golden
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name

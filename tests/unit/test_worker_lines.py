@@ -1,4 +1,4 @@
-"""The one worker protocol (harness/engines/worker_lines.py): its tolerant reader, the host's check
+"""The one worker protocol (harness/engines/launch/worker_lines.py): its tolerant reader, the host's check
 of a result file, the pass loop, and the standalone workers that load its writer by path."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness.api import EngineFailed, EngineRefused
-from harness.engines import worker_lines as wl
-from harness.engines.procs import Exited, run_engine
-from harness.engines.vllm import root_cause
+from harness.engines.launch import worker_lines as wl
+from harness.engines.launch.procs import Exited, run_engine
+from harness.engines.vllm.runner import root_cause
 from harness.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,8 +166,8 @@ def load(name, path):
     mod = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-wp = load("worker_protocol", "{root}/harness/engines/workers/worker_protocol.py")
-llama = load("llamacpp_worker", "{root}/harness/sampling/engines/llamacpp_worker.py")
+wp = load("worker_protocol", "{root}/harness/engines/pip/workers/worker_protocol.py")
+llama = load("llamacpp_worker", "{root}/harness/engines/llamacpp/draws_worker.py")
 import numpy as np
 class Planted(wp.Engine):
     def version(self): return "planted 1"
@@ -193,17 +193,17 @@ def test_standalone_workers_write_through_the_one_module_without_the_harness(tmp
     assert p.returncode == 0, p.stderr
     said = json.loads(p.stdout.splitlines()[-1])
     assert said["rc"] == 0 and said["harness"] == [], said
-    assert said["writers"] == [str(ROOT / "harness" / "engines" / "worker_lines.py")]
+    assert said["writers"] == [str(ROOT / "harness" / "engines" / "launch" / "worker_lines.py")]
     done = wl.check_result(res, "the planted worker", Exited(0, False))
     assert done.meta["engine_version"] == "planted 1" and done.of("case")[0]["token_ids"] == [3, 1]
 
 
 def test_the_workers_carry_no_writer_of_their_own() -> None:
     """One writer: no worker defines its own line writer or end line any more."""
-    workers = [ROOT / "harness" / "engines" / "vllm_worker.py", ROOT / "harness" / "kv" / "phase.py",
-               ROOT / "harness" / "invariance" / "phase.py", ROOT / "harness" / "engines" / "vllm_serve.py",
-               ROOT / "harness" / "sampling" / "engines" / "llamacpp_worker.py",
-               *sorted((ROOT / "harness" / "engines" / "workers").glob("*.py"))]
+    workers = [ROOT / "harness" / "engines" / "vllm" / "worker.py", ROOT / "harness" / "kv" / "phase.py",
+               ROOT / "harness" / "invariance" / "phase.py", ROOT / "harness" / "engines" / "vllm" / "serve.py",
+               ROOT / "harness" / "engines" / "llamacpp" / "draws_worker.py",
+               *sorted((ROOT / "harness" / "engines" / "pip" / "workers").glob("*.py"))]
     for path in workers:
         text = path.read_text()
         assert "def write_line" not in text and '{"kind": "end"}' not in text.split('"""', 2)[-1], path

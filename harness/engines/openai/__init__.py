@@ -30,10 +30,10 @@ suite, streamed so that time to first token can be measured. Options follow the 
 
 **Text prompts.** A server that refuses token-id prompts gets each case's text instead, and the
 ids it makes of that text are read back (its tokenize endpoint, else an echo of the prompt with
-logprobs; :mod:`harness.engines.server_text`): a case tokenized differently is not sent, and its
+logprobs; :mod:`harness.engines.openai.server_text`): a case tokenized differently is not sent, and its
 ``tokenizer`` verdict names the first differing prompt token. A server that keys logprobs by token
 text gets its tokens and top-k mapped back to ids through the model's tokenizer where exactly one
-id renders as that text, and flagged where not (:mod:`harness.engines.token_text`).
+id renders as that text, and flagged where not (:mod:`harness.engines.openai.token_text`).
 
 Servers differ, so the first case is first sent as a probe that detects, and the record keeps:
 whether token ids come back (vLLM's ``return_token_ids``, or logprob tokens as ``token_id:123``

@@ -13,8 +13,8 @@ from harness.api import Case, EngineFailed, EngineRefused, Sampling
 from harness.capabilities import Capabilities
 from harness.engines.openai.options import OpenAIOptions
 from harness.engines.openai.reply import TOKEN_ID, ReplyDecoder, ServerProtocol
+from harness.engines.openai.server_text import left_to_server, sampling_defaults
 from harness.engines.openai.transport import Fault, Reply, Transport
-from harness.engines.server_text import left_to_server, sampling_defaults
 from harness.excerpt import INLINE, clip, first_line
 
 # Request fields only vLLM (and servers copying it) understand; dropped if a server rejects them.

@@ -17,8 +17,8 @@ import numpy as np
 
 from harness.api import Case, EngineRefused, Output
 from harness.capabilities import Capabilities
+from harness.engines.openai.token_text import UNMAPPED, TokenTexts
 from harness.engines.openai.transport import Fault, Reply
-from harness.engines.token_text import UNMAPPED, TokenTexts
 from harness.excerpt import INLINE, clip
 from harness.models import ModelRef
 

@@ -19,8 +19,8 @@ from harness.engines.openai.options import OpenAIOptions
 from harness.engines.openai.probe import Prober
 from harness.engines.openai.reply import ReplyDecoder, ServerProtocol
 from harness.engines.openai.sampler import OpenAISampling
+from harness.engines.openai.server_text import ids_from_echo, tokenize_endpoint
 from harness.engines.openai.transport import Fault, Transport
-from harness.engines.server_text import ids_from_echo, tokenize_endpoint
 from harness.excerpt import clip
 from harness.models import ModelRef
 from harness.speed import Speed

@@ -22,7 +22,7 @@ from typing import Any
 
 from harness.abilities import SamplePass, SampleRequest, SamplerTraits, Samples
 from harness.api import EngineFailed, EngineRefused, Sampling
-from harness.engines.draws import params, samples
+from harness.engines.launch.draws import params, samples
 from harness.engines.openai.options import OpenAIOptions
 from harness.engines.openai.transport import Fault, Transport
 from harness.sampling.transforms import CHAINS

@@ -55,7 +55,7 @@ def server_options(settings: ApiSettings) -> dict[str, Any]:
 
 
 def configure(runner: Runner, settings: ApiSettings) -> Runner:
-    from harness.engines.vllm_server import VLLMServerRunner
+    from harness.engines.vllm.server import VLLMServerRunner
 
     if isinstance(runner, VLLMServerRunner):
         runner.engine_options = {**server_options(settings), **runner.engine_options}

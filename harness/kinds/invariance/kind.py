@@ -71,7 +71,7 @@ def base_settings(req: GateRequest, s: InvarianceSettings) -> dict[str, Any]:
     """The reference configuration: the harness's vLLM defaults, the suite's ``[invariance] engine``,
     the engine spec's options (``vllm:block_size=64``), and vLLM's counters kept
     (``disable_log_stats`` off: the preemption and speculative-decoding evidence)."""
-    from harness.engines.vllm import default_engine_settings
+    from harness.engines.vllm.runner import default_engine_settings
 
     name, arg = split_spec(req.candidate)
     if name != "vllm":
@@ -122,7 +122,7 @@ class Invariance:
         ran = req.options.get("ran")
         if ran is not None:  # results of engines that already ran (tests)
             return ran
-        from harness.engines.vllm import START_TIMEOUT_S
+        from harness.engines.vllm.runner import START_TIMEOUT_S
 
         t0 = time.perf_counter()
         progress = req.options.get("progress")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.api import Case
-from harness.engines.vllm_passes import Group, Pass, Request
+from harness.engines.vllm.passes import Group, Pass, Request
 from harness.kinds.invariance.settings import InvarianceSettings
 
 # pass names

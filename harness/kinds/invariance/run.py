@@ -1,7 +1,7 @@
 """The engines of an invariance run: each group of the plan in one engine start, in plan order.
 
-vLLM groups run :mod:`harness.engines.vllm_phase` in one engine start each
-(:mod:`harness.engines.vllm_passes`, which the pinned vLLM's sampler shares); the server group
+vLLM groups run :mod:`harness.engines.vllm.phase` in one engine start each
+(:mod:`harness.engines.vllm.passes`, which the pinned vLLM's sampler shares); the server group
 starts one OpenAI server (:class:`VLLMServer`) and replays the prompts at each concurrency through
 :class:`OpenAIRunner`; the trainer (``hf``) scores the rollouts' tokens through its
 :class:`~harness.abilities.TensorSource` ability. A configuration the engine refuses comes back as a
@@ -21,10 +21,10 @@ import numpy as np
 
 from harness.abilities import TensorSource
 from harness.api import Case, EngineFailed, EngineRefused, Output, Sampling
-from harness.engines.vllm_passes import GroupResult, Status
-from harness.engines.vllm_passes import output_from_line as output_from_line
-from harness.engines.vllm_passes import parse_result as parse_result
-from harness.engines.vllm_passes import run_vllm_group as run_vllm_group
+from harness.engines.vllm.passes import GroupResult, Status
+from harness.engines.vllm.passes import output_from_line as output_from_line
+from harness.engines.vllm.passes import parse_result as parse_result
+from harness.engines.vllm.passes import run_vllm_group as run_vllm_group
 from harness.kinds.invariance.plan import Group, Plan
 from harness.models import ModelRef
 from harness.teacher import scored_output
@@ -34,7 +34,7 @@ def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling:
                      folder: Path) -> GroupResult:
     """One OpenAI server; the same prompts at each concurrency of ``g.levels``, in order."""
     from harness.engines.openai import OpenAIOptions, OpenAIRunner
-    from harness.engines.vllm_server import VLLMServer, server_args
+    from harness.engines.vllm.server import VLLMServer, server_args
 
     folder.mkdir(parents=True, exist_ok=True)
     server = VLLMServer(model, g.settings, log_path=folder / "server.log")
@@ -54,7 +54,7 @@ def run_server_group(g: Group, model: ModelRef, cases: Sequence[Case], sampling:
             outputs[f"c{c}"] = {o.case_id: o for o in outs}
             version = client.info().version
     except (EngineFailed, EngineRefused) as e:
-        from harness.engines.vllm import root_cause
+        from harness.engines.vllm.runner import root_cause
 
         log = server.log_tail(200_000)
         cause = root_cause(log)

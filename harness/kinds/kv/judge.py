@@ -96,7 +96,7 @@ class Judge:
             notes=notes)
 
     def output(self, row: Mapping[str, Any] | None, case_id: str) -> Output:
-        from harness.engines.vllm import output_from_fields
+        from harness.engines.launch.worker_run import output_from_fields
 
         if row is None:
             return Output(case_id, (), error="the consumer engine returned no result for this case")

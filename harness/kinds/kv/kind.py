@@ -3,7 +3,7 @@
 ``make gate SUITE=kv_roundtrip [CONNECTOR=module:Class] [CANDIDATE=vllm@0.28.0]``. The no-connector
 goldens are the oracle's, recorded like any suite's; the engine under test is the pinned vLLM (candidate
 ``vllm``, the default) or another release (``vllm@<version>``, in its own venv, see
-:mod:`harness.engines.venvs`), with the harness store or with the harness tap around ``connector``
+:mod:`harness.engines.launch.venvs`), with the harness store or with the harness tap around ``connector``
 (:mod:`harness.kinds.kv.roundtrip` runs the engines, :mod:`harness.kinds.kv.compat` absorbs what the release
 lacks). ``make matrix SUITE=kv_roundtrip VLLM="0.26.0 ..."`` writes one record per release.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.engines.base import split_spec
-from harness.engines.venvs import VenvError, VenvInfo, check_version
+from harness.engines.launch.venvs import VenvError, VenvInfo, check_version
 from harness.goldens import Golden
 from harness.kinds.base import GateRequest, Judgement, register_kind
 from harness.oracle import load_or_record
@@ -54,8 +54,8 @@ def preflight(release: str, connector: Any = None) -> dict[str, Any] | None:
     release is installed and asked). ``connector`` (a ``ConnectorSpec``, None for the harness store):
     when it is one of the release's own connectors (a ``vllm.`` module), its class is read too: one
     that moves KV to CUDA cannot run on a host without CUDA (:mod:`harness.kinds.kv.cuda_only`)."""
-    from harness.engines import preload
-    from harness.engines.wheels import unmet_native_needs, wheel_files
+    from harness.engines.vllm.runner import preload
+    from harness.engines.vllm.wheels import unmet_native_needs, wheel_files
     from harness.kinds.kv.compat import BASE_FILE, missing_in_source
     from harness.kinds.kv.config import aliases
     from harness.kinds.kv.cuda_only import cuda_calls_in_source, host_has_cuda
@@ -87,8 +87,8 @@ def preflight(release: str, connector: Any = None) -> dict[str, Any] | None:
 
 def preload_lacks(release: str, venv: VenvInfo) -> dict[str, Any] | None:
     """The compat block of a skipped phase when the installed release refuses to start without a
-    library this machine does not have (:mod:`harness.engines.preload`), None when it can start."""
-    from harness.engines.preload import PreloadMissing, preloads
+    library this machine does not have (:mod:`harness.engines.vllm.preload`), None when it can start."""
+    from harness.engines.vllm.preload import PreloadMissing, preloads
 
     try:
         preloads(venv.path, release)
@@ -142,7 +142,7 @@ class KVRoundTrip:
             timings["oracle_record_s"] = golden.manifest["timings"]["record_wall_s"]
         venv = None
         if release is not None:
-            from harness.engines.venvs import ensure_vllm_venv, read_venv, venv_dir
+            from harness.engines.launch.venvs import ensure_vllm_venv, read_venv, venv_dir
             from harness.workspace import REPO_ROOT
 
             t0 = time.perf_counter()

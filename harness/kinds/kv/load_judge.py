@@ -178,7 +178,7 @@ def judge_load(requests: Sequence[Case], flips: Sequence[Case], prod: Phase, con
         vs += failure_verdicts([EVIDENCE], [EVIDENCE_CASE], *facts)
         return Judged(tuple(vs), (), GATES, f"kv-load: {who} {status}: {first_line(reason, INLINE)}",
                       {"engine_error": reason})
-    from harness.engines.vllm import output_from_fields
+    from harness.engines.launch.worker_run import output_from_fields
 
     written: dict[Any, CapturedPage] = {}
     for p in prod.capture.side("written"):

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from harness.engines.vllm_phase import read_counters
+from harness.engines.vllm.phase import read_counters
 
 SAMPLE_S = 0.02
 COUNTERS = ("vllm:num_preemptions", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits",

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.api import Case, Sampling
-from harness.engines import ledger
-from harness.engines.preload import preload_env
-from harness.engines.procs import engine_env, run_engine
-from harness.engines.vllm import root_cause
-from harness.engines.worker_lines import WorkerFailed, check_result
+from harness.engines.launch import ledger
+from harness.engines.launch.procs import engine_env, run_engine
+from harness.engines.launch.worker_lines import WorkerFailed, check_result
+from harness.engines.vllm.preload import preload_env
+from harness.engines.vllm.runner import root_cause
 from harness.kinds.kv.capture import Capture, CaptureError, read_capture
 from harness.models import ModelRef
 

@@ -19,7 +19,7 @@ A pass with ``"mode": "alone"`` sends its requests one at a time (the reference 
 judged against). With ``"observe": {"events": "ipc://..."}`` every pass is observed
 (:mod:`harness.kinds.kv.observe`: vLLM's counters, peak requests in flight, KV-cache events).
 
-RESULT.jsonl (:mod:`harness.engines.worker_lines`): ``{"kind": "meta", "version", "timings":
+RESULT.jsonl (:mod:`harness.engines.launch.worker_lines`): ``{"kind": "meta", "version", "timings":
 {"engine_start_s", "pass_<name>_s", ...}, "compat": {...}, "observed": {pass: {...}}}``
 (``compat``: what :mod:`harness.kinds.kv.compat` adapted to the installed vLLM), then one
 ``{"kind": "case", "pass", "case", "lane", "token_ids", ..., "num_cached_tokens"}`` per request,
@@ -36,8 +36,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from harness.engines.vllm_worker import exit_without_teardown, generate, output_fields, serve_passes
-from harness.engines.worker_lines import write_start_failure
+from harness.engines.launch.worker_lines import write_start_failure
+from harness.engines.vllm.worker import exit_without_teardown, generate, output_fields, serve_passes
 
 
 @contextmanager

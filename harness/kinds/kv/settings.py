@@ -185,7 +185,7 @@ class FaultSettings:
 
 
 def engine_settings(model: ModelRef, kv: KVSettings, transfer: Mapping[str, Any]) -> dict[str, Any]:
-    from harness.engines.vllm import default_engine_settings
+    from harness.engines.vllm.runner import default_engine_settings
 
     return {**default_engine_settings(model), "block_size": kv.block_size, **kv.engine,
             "enable_prefix_caching": False,  # every cached token must come through the connector

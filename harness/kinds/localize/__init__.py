@@ -9,5 +9,5 @@ sub-block (attention, MLP) where two engines part. It runs on a parity suite.
 
 ``harness localize RECORD``, ``harness plant`` and the diagnosis that follows a failing ``harness
 gate`` are :mod:`harness.commands.localize`; the taps, shared by every engine, are
-:mod:`harness.engines.layer_taps`. docs/localize.md tells the whole story.
+:mod:`harness.engines.launch.layer_taps`. docs/localize.md tells the whole story.
 """

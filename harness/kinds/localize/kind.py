@@ -4,7 +4,7 @@ For each case of a parity record whose generation diverged (strictly: the near-t
 forgiven it), both engines run the same sequence, teacher-forced: the prompt and the oracle's
 tokens up to and including the first divergent one. Each taps the residual stream after every
 layer's attention and MLP (or MoE) sub-block, the final norm and the logits
-(:mod:`harness.engines.layer_taps`); :mod:`harness.kinds.localize.profile` finds the first tensor over
+(:mod:`harness.engines.launch.layer_taps`); :mod:`harness.kinds.localize.profile` finds the first tensor over
 the floor (where they part) and the first over the bar. The oracle's tensors come from the pinned
 vLLM (cached: :mod:`harness.kinds.localize.oracle`), the candidate's from its
 :class:`~harness.abilities.TensorSource`; an engine that cannot expose tensors makes the diagnosis

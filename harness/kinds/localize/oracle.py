@@ -28,8 +28,8 @@ import numpy as np
 from harness.abilities import TensorSource
 from harness.api import EngineFailed, EngineRefused
 from harness.engines import RunnerContext, make_runner
-from harness.engines.layer_taps import TAPS_VERSION
-from harness.engines.vllm import TENSOR_ENGINE_SETTINGS, default_engine_settings
+from harness.engines.launch.layer_taps import TAPS_VERSION
+from harness.engines.vllm.runner import TENSOR_ENGINE_SETTINGS, default_engine_settings
 from harness.goldens import Golden
 from harness.models import ModelRef
 from harness.oracle import ORACLE, oracle_available

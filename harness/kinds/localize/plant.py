@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.layer_taps import FAMILIES
+from harness.engines.launch.layer_taps import FAMILIES
 from harness.models import ModelRef, content_digest
 
 _LLAMA = {"mlp": "model.layers.{k}.mlp.down_proj.weight", "attn": "model.layers.{k}.self_attn.o_proj.weight"}

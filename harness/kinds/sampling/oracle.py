@@ -1,7 +1,7 @@
 """The oracle's side of the sampling gate: the pinned vLLM's greedy continuation of each case and
 its raw logits at the positions the tests read, teacher-forced.
 
-One engine start (:class:`~harness.engines.vllm.VLLMRunner` with ``full_raw``): every case is
+One engine start (:class:`~harness.engines.vllm.runner.VLLMRunner` with ``full_raw``): every case is
 generated greedily for the suite's ``max_tokens``, then prompt + that continuation is scored by
 prefill (``prompt_logprobs``, the harness's engine-core hook writing whole rows): row t holds the
 raw logits predicting greedy token t from prompt + greedy[:t]. Raw logits, not logprobs, because a
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import EngineFailed, EngineRefused, Sampling
-from harness.engines.vllm import VLLMRunner
+from harness.engines.vllm.runner import VLLMRunner
 from harness.kinds.sampling.draws import OracleRows
 from harness.kinds.sampling.plan import rows_needed
 from harness.kinds.sampling.settings import GateSettings

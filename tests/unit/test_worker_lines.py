@@ -200,8 +200,8 @@ def test_standalone_workers_write_through_the_one_module_without_the_harness(tmp
 
 def test_the_workers_carry_no_writer_of_their_own() -> None:
     """One writer: no worker defines its own line writer or end line any more."""
-    workers = [ROOT / "harness" / "engines" / "vllm_worker.py", ROOT / "harness" / "kv" / "phase.py",
-               ROOT / "harness" / "invariance" / "phase.py", ROOT / "harness" / "engines" / "vllm_serve.py",
+    workers = [ROOT / "harness" / "engines" / "vllm_worker.py", ROOT / "harness" / "kinds" / "kv" / "phase.py",
+               ROOT / "harness" / "engines" / "vllm_phase.py", ROOT / "harness" / "engines" / "vllm_serve.py",
                ROOT / "harness" / "sampling" / "engines" / "llamacpp_worker.py",
                *sorted((ROOT / "harness" / "engines" / "workers").glob("*.py"))]
     for path in workers:

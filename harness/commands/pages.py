@@ -80,7 +80,7 @@ def cmd_trend(a: argparse.Namespace, ws: Workspace) -> int:
     from rich.table import Table
 
     from harness.features import CatalogError
-    from harness.trend import BENCH, trend, trend_bench
+    from harness.features.trend import BENCH, trend, trend_bench
 
     try:
         t = (trend_bench(ws, a.feature[len(BENCH):], a.metric, a.out) if a.feature.startswith(BENCH)

@@ -4,7 +4,8 @@ Inputs are the catalog (``features.toml``, :mod:`.catalog`) and the records unde
 ``reports/records/`` (:mod:`.sources`); nothing else is read except what staleness needs (the oracle
 pin, suites, committed goldens, models, git; see :mod:`harness.staleness`). :mod:`.cells` decides
 what each cell shows; :mod:`.render` writes FEATURES.md, :mod:`.supported` SUPPORTED_MODELS.md;
-:mod:`.history` answers ``harness history``.
+:mod:`.history` answers ``harness history``; :mod:`.trend` ``harness trend`` (one metric of a row
+across commits).
 
 Every cell cites its record and the SHA it ran on, and the generator refuses to write a table that
 cites a record that does not exist. A malformed or truncated record is reported by path in a

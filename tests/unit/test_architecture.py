@@ -169,3 +169,19 @@ def test_the_pipeline_declares_what_it_asks_of_engines() -> None:
                     and node.func.id in ("getattr", "hasattr")):
                 offenders.append(f"{p.relative_to(REPO_ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+def imports_of(path: Path) -> list[str]:
+    """The modules ``path`` imports (every import statement, at any depth)."""
+    return sorted({a.name if isinstance(n, ast.Import) else n.module or "."
+                   for n in _imports(ast.parse(path.read_text())) for a in n.names})
+
+
+def test_the_packages_vllm_loads_connectors_from_import_nothing() -> None:
+    """vLLM imports the KV connectors (harness.kinds.kv.connector, .tap) by module path inside its
+    engine processes, in any release's venv: their packages' __init__ files must not pull in the
+    gate kinds, the pipeline or anything else."""
+    for init in ("harness/kinds/__init__.py", "harness/kinds/kv/__init__.py",
+                 "harness/kinds/kv/faults/__init__.py", "harness/kv_pages/__init__.py"):
+        assert imports_of(REPO_ROOT / init) == [], f"{init} imports something"
+    assert imports_of(REPO_ROOT / "harness/kinds/registered.py") != []  # the check sees imports

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
+from harness.features.trend import trend
 from harness.records import frame
-from harness.trend import trend
 from harness.workspace import REPO_ROOT, Workspace
 from tests.unit.features_kit import commit, make_git_workspace, make_record
 
@@ -71,7 +71,7 @@ def test_trend_of_the_committed_records_writes_a_png(tmp_path: Path) -> None:
 
 def test_bench_figures_plot_across_commits(ws: Workspace, tmp_path: Path) -> None:
     from harness import perf
-    from harness.trend import trend_bench
+    from harness.features.trend import trend_bench
     from tests.unit.features_kit import git
 
     bench = ws.root / "reports" / "bench"

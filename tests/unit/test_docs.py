@@ -185,13 +185,3 @@ def test_every_page_in_the_nav_is_on_the_map_of_the_docs() -> None:
     assert unmapped(pages, planted) == ["sampling.md"]
 
 
-def unmapped_packages(tree: str) -> list[str]:
-    """harness/'s packages that the source-tree map in how-it-works.md does not name."""
-    packages = sorted(p.parent.name for p in (REPO_ROOT / "harness").glob("*/__init__.py"))
-    return [name for name in packages if not re.search(rf"^\s+{re.escape(name)}/\s", tree, re.M)]
-
-
-def test_the_source_tree_map_names_every_package() -> None:
-    tree = (DOCS / "how-it-works.md").read_text()
-    assert unmapped_packages(tree) == [], "docs/how-it-works.md's source tree lacks these packages"
-    assert unmapped_packages(tree.replace("  sampling/ ", "  ")) == ["sampling"]

@@ -11,7 +11,7 @@ from harness.api import Case
 from harness.compare import build
 from harness.compare.drift import Drift, drift_profile, ols
 from harness.compare.kl import KL, RUN
-from harness.synthetic import drifting_pair
+from tests.unit.synthetic import drifting_pair
 
 
 def test_ols_recovers_a_line() -> None:

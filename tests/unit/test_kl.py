@@ -14,7 +14,7 @@ from harness.api import Case, Output
 from harness.compare import build
 from harness.compare.kernels.aligned import align
 from harness.compare.kl import KL, RUN, kl_full, kl_rows, kl_stats, kl_topk_rest
-from harness.synthetic import drifting_pair, log_softmax, output_from_logits
+from tests.unit.synthetic import drifting_pair, log_softmax, output_from_logits
 
 CASE = Case("c01", (1, 2, 3))
 

@@ -11,9 +11,9 @@ from harness.models import resolve_model
 from harness.pipeline import run_ab
 from harness.report import ab_lines
 from harness.suites import find_suite
-from harness.synthetic import drifting_pair, output_from_logits
 from harness.workspace import REPO_ROOT, Workspace
 from tests.pins import PIN
+from tests.unit.synthetic import drifting_pair, output_from_logits
 
 VOCAB = 64
 SUITE = """name = "ab_unit"

@@ -12,7 +12,7 @@ from harness.api import Case
 from harness.compare import build
 from harness.compare.kl import RUN
 from harness.compare.nmse import NMSE, compare_tensors, nmse, nmse_rows, tensor_verdict
-from harness.synthetic import drifting_pair
+from tests.unit.synthetic import drifting_pair
 
 CASE = Case("c01", (1,))
 tensors = arrays(np.float64, st.tuples(st.integers(1, 8), st.integers(1, 16)),

@@ -200,8 +200,8 @@ def test_standalone_workers_write_through_the_one_module_without_the_harness(tmp
 
 def test_the_workers_carry_no_writer_of_their_own() -> None:
     """One writer: no worker defines its own line writer or end line any more."""
-    workers = [ROOT / "harness" / "engines" / "vllm" / "worker.py", ROOT / "harness" / "kv" / "phase.py",
-               ROOT / "harness" / "invariance" / "phase.py", ROOT / "harness" / "engines" / "vllm" / "serve.py",
+    workers = [ROOT / "harness" / "engines" / "vllm" / "worker.py", ROOT / "harness" / "kinds" / "kv" / "phase.py",
+               ROOT / "harness" / "engines" / "vllm" / "phase.py", ROOT / "harness" / "engines" / "vllm" / "serve.py",
                ROOT / "harness" / "engines" / "llamacpp" / "draws_worker.py",
                *sorted((ROOT / "harness" / "engines" / "pip" / "workers").glob("*.py"))]
     for path in workers:

@@ -1,4 +1,4 @@
-"""Synthetic outputs with known distributions, for the comparators' tests and the micro-benchmark.
+"""Synthetic outputs with known distributions, for the comparators' tests.
 
 Everything is drawn from a seeded numpy Generator, so a failing example replays exactly.
 """

@@ -165,6 +165,7 @@ class HFRunner(HFSampling):
         if self.kv != "plain":
             why["layers"] = (f"hf:kv={self.kv} reads its quantized cache only when decoding one token per "
                              "step; a whole-sequence forward pass would not")
+        # the note is in committed records as written (the taps are harness.engines.launch.layer_taps)
         return TensorAbility(continuation=True, layers=not why, why_not=why,
                              note="forward hooks on transformers' modules (harness.engines.layer_taps)")
 

@@ -165,9 +165,9 @@ class HFRunner(HFSampling):
         if self.kv != "plain":
             why["layers"] = (f"hf:kv={self.kv} reads its quantized cache only when decoding one token per "
                              "step; a whole-sequence forward pass would not")
+        # the note is in committed records as written (the taps are harness.engines.launch.layer_taps)
         return TensorAbility(continuation=True, layers=not why, why_not=why,
-                             note="forward hooks on transformers' modules "
-                                  "(harness.engines.launch.layer_taps)")
+                             note="forward hooks on transformers' modules (harness.engines.layer_taps)")
 
     def capture_layers(self, sequences: Mapping[str, Sequence[int]]) -> dict[str, dict[str, np.ndarray]]:
         """One forward pass per sequence with taps on every sub-block (plain cache only)."""

@@ -2,7 +2,7 @@
 weights the oracle runs.
 
 The harness builds ``llama-cpp-python[server]`` into ``.venvs/llama-cpp-python-<version>/`` on first
-use (llama.cpp compiled from source: minutes, once; :mod:`harness.engines.launch.venvs`), starts
+use (llama.cpp compiled from source: minutes, once; :mod:`harness.engines.llamacpp.venv`), starts
 ``python -m llama_cpp.server`` on 127.0.0.1 and a free port with ``--logits_all true``, gates it over
 HTTP through :class:`~harness.engines.openai.OpenAIRunner` and stops its process group when the run
 ends, however it ends. Options, comma-separated:
@@ -48,8 +48,9 @@ from harness.api import EngineFailed, EngineInfo, EngineRefused
 from harness.engines.base import ENGINES, RunnerContext, parse_options
 from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.launch.loopback import LoopbackServer
-from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo, ensure_llamacpp_venv, llamacpp_dir
+from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo
 from harness.engines.llamacpp.sampler import LlamaCppSampling
+from harness.engines.llamacpp.venv import ensure_llamacpp_venv, llamacpp_dir
 from harness.engines.openai import OWNED, OpenAIOptions, body_value
 from harness.engines.openai.managed import ManagedServerRunner, ServerSpeedLevels
 from harness.files import sha256_file

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engines.launch.venvs import VenvError, _compiler, run_logged
+from harness.engines.launch.venvs import VenvError, compiler, run_logged
 from harness.files import locked
 from harness.provenance import now_utc
 
@@ -245,16 +245,16 @@ def ensure_build(repo_root: Path, given: str | None, log_to: Path | None = None,
             raise BuildError(f"vllmcpp: {path} has no CMakeLists.txt: not a vllm.cpp checkout")
         digest, n_files = tree_digest(root)
         source = Source(path, digest, git_commit(root), n_files)
-        compiler = _compiler()
+        compiler_line = compiler()
         jobs = jobs or os.cpu_count() or 1
-        folder = cache_root(repo_root) / build_key(digest, compiler, CMAKE_ARGS)
+        folder = cache_root(repo_root) / build_key(digest, compiler_line, CMAKE_ARGS)
         with locked(folder.with_name(folder.name + ".lock")):
             if (ready := read_build(folder)) is not None:
                 return _fresh_worker(ready, jobs)
             if folder.exists():
                 shutil.rmtree(folder)  # half-built: no stamp
             folder.mkdir(parents=True)
-            return _build(root, folder, source, compiler, log_to or build_log(folder), jobs)
+            return _build(root, folder, source, compiler_line, log_to or build_log(folder), jobs)
 
 
 def _build(root: Path, folder: Path, source: Source, compiler: str, log: Path, jobs: int) -> Build:

@@ -201,6 +201,11 @@ def record_path(records_root: Path, rec: Record) -> Path:
     return records_root / model / rec.suite["name"] / f"{rec.id}.json"
 
 
+def portable_record(rec: Record, workspace: Path) -> Record:
+    """``rec`` as it is written: no path in it names this machine (:mod:`harness.record_paths`)."""
+    return Record.from_json(portable(rec.to_json(), (workspace, REPO_ROOT)))
+
+
 def write_record(records_root: Path, rec: Record) -> Path:
     """Write ``rec`` atomically and never over an existing record. Returns its path. Paths of the
     machine that ran it are written portably (:mod:`harness.record_paths`): relative to the

@@ -54,7 +54,7 @@ def preflight(release: str, connector: Any = None) -> dict[str, Any] | None:
     release is installed and asked). ``connector`` (a ``ConnectorSpec``, None for the harness store):
     when it is one of the release's own connectors (a ``vllm.`` module), its class is read too: one
     that moves KV to CUDA cannot run on a host without CUDA (:mod:`harness.kinds.kv.cuda_only`)."""
-    from harness.engines.vllm.runner import preload
+    from harness.engines.vllm import preload
     from harness.engines.vllm.wheels import unmet_native_needs, wheel_files
     from harness.kinds.kv.compat import BASE_FILE, missing_in_source
     from harness.kinds.kv.config import aliases

@@ -8,8 +8,8 @@ what each cell shows; :mod:`.render` writes FEATURES.md, :mod:`.supported` SUPPO
 
 Every cell cites its record (a reference-style link, :mod:`.refs`); a cell that is not a plain ✅
 has a numbered note naming the reason, the failing cases, the SHA and the device class; the
-generator refuses to write a table that cites a record that does not exist. A malformed or truncated record is reported by path in a
-warning cell and the warnings section; it never stops the generator.
+generator refuses to write a table that cites a record that does not exist. A malformed or truncated
+record is reported by path in a warning note and the warnings section; it never stops the generator.
 """
 
 from __future__ import annotations

@@ -70,6 +70,9 @@ class Cell:
     newer: tuple[tuple[str, str], ...] = ()
     """(path, why stale) of newer records that are stale (e.g. made on an unmerged branch):
     mentioned beside the current one, never shown instead of it."""
+    releases: tuple[str, ...] = ()
+    """For a glob column matched by several releases: each release's label (``0.26.0 ◐ (why)``), in
+    release order; ``text`` joins them."""
     count: str = ""
     """The short count a page shows after the symbol: proving verdicts passed of judged (``8/8``),
     or releases passing of releases for a glob column; empty where nothing was counted."""
@@ -256,7 +259,7 @@ class Judge:
             text = f"{'; '.join(why)} (was {SYMBOL[state]} {text})"
             state, count = "stale", ""
         return Cell(state, text, lr.path, rec.harness.get("sha"), rec.candidate.sha, warn,
-                    device_class(rec), self._newer(newer), count)
+                    device_class(rec), self._newer(newer), count=count)
 
     def several(self, row: Row, model: str, spec: str | None) -> Cell | None:
         """A glob column (``vllm@*``) matched by records of several engine releases: one cell that
@@ -284,7 +287,8 @@ class Judge:
         rec = newest.record
         return Cell(worst, f"{len(parts)} releases: " + ", ".join(p[1] for p in parts), newest.path,
                     rec.harness.get("sha"), rec.candidate.sha, self.warnings(row, model, spec),
-                    device_class(rec), count=f"{sum(p[2] == 'pass' for p in parts)}/{len(parts)}")
+                    device_class(rec), releases=tuple(p[1] for p in parts),
+                    count=f"{sum(p[2] == 'pass' for p in parts)}/{len(parts)}")
 
     def oracle_cell(self, row: Row, model: str) -> Cell:
         if ORACLE in row.na:

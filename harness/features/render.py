@@ -43,8 +43,9 @@ def note_text(c: Cell, refs: Refs) -> str | None:
     extra += [md(w) for w in c.warnings]
     if c.state == "pass" and not extra:
         return None
-    head = " ".join(filter(None, [f"{c.symbol} {md(c.text)}".strip(), provenance(c)]))
-    return " — ".join([head, *extra])
+    what = f"{len(c.releases)} releases, newest" if c.releases else md(c.text)
+    head = " ".join(filter(None, [f"{c.symbol} {what}".strip(), provenance(c)]))
+    return " — ".join([head, *extra]) + "".join(f"\n    - {md(r)}" for r in c.releases)
 
 
 def render_cell(c: Cell, refs: Refs, notes: Notes) -> str:

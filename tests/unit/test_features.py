@@ -316,6 +316,11 @@ def test_a_glob_cell_with_several_releases_names_each_and_shows_the_worst(ws: Wo
     assert c.state == "partial"  # the worst of the two leads
     assert c.text == "2 releases: 0.26.0 ◐ (near_tie 7/8 (c08)), 0.31.0 ✅"  # in release order
     assert c.record is not None and "vllm-0.31.0" in c.record  # the newest is cited
+    # on the page: the cell counts releases passing; its note lists each release on a line of its own
+    page = generate(ws).features
+    assert "[◐ 1/2][r" in page
+    assert "2. ◐ 2 releases, newest @ `" in page  # note 1 is the hf column's ☐
+    assert "\n    - 0.26.0 ◐ (near_tie 7/8 (c08))\n    - 0.31.0 ✅\n" in page
 
 
 def test_a_release_whose_engine_died_before_naming_itself_is_named_by_its_spec() -> None:

@@ -136,3 +136,19 @@ def test_the_kv_and_table_views_render(page: Any, site: Path) -> None:
         assert page.locator("main table").count() >= 1, name
     page.goto((site / "kv.html").as_uri())
     assert page.locator("#kv tbody tr").count() >= 3 and page.locator("#kv thead th").count() > 8
+
+
+def test_a_dead_script_is_caught_by_these_checks(browser: Any, site: Path, tmp_path: Path) -> None:
+    """Planted: the site's script throws. The console check sees it, and a filter no longer changes
+    the rows shown (what test_every_filter_changes_the_rows_shown asserts)."""
+    planted = tmp_path / "planted"
+    shutil.copytree(site, planted)
+    (planted / "static" / "site.js").write_text('throw new Error("planted");\n')
+    pg = browser.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.goto((planted / "index.html").as_uri())
+    everything = shown(pg)
+    pg.select_option("select[name=model]", "tiny-gpt2")
+    assert shown(pg) == everything and any("planted" in e for e in errors)
+    pg.close()

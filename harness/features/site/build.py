@@ -106,9 +106,9 @@ def _matrix(data: SiteData, sections: Iterable[str]) -> list[dict[str, Any]]:
                 cells = []
                 for key in [*(c.key for c in cat.columns), ORACLE]:
                     sc = by_key.get(f"{r.id}--{model}--{key}")
-                    cells.append(_cell_view(sc) if sc else
-                                 {"col": key, "state": "na", "text": data.table.cells[(r.id, model, key)].text,
-                                  "device": ""})
+                    na = data.table.cells[(r.id, model, key)].text
+                    blank = {"col": key, "state": "na", "text": na, "device": ""}
+                    cells.append(_cell_view(sc) if sc else blank)
                 text = " ".join([r.id, r.title, model, sec, *(c.get("text", "") for c in cells)])
                 rows.append({"row": r, "model": model, "cells": cells, "search": text.lower()})
         out.append({"title": sec, "rows": rows})
@@ -131,7 +131,7 @@ def _changes(data: SiteData) -> dict[str, Any]:
 
 def _record_view(data: SiteData, lr: Any, plots: Mapping[str, list[str]]) -> dict[str, Any]:
     rec: Record = lr.record
-    mine = [sc for sc in data.cells if any(p.record == rec.id for p in sc.points) or sc.shown == rec.id]
+    mine = data.by_record.get(rec.id, [])
     comparators: dict[str, list[int]] = {}
     for v in rec.verdicts:
         n = comparators.setdefault(v.comparator, [0, 0])

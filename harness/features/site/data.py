@@ -77,6 +77,13 @@ class SiteData:
     order: dict[str, int]
     bisects: list[dict[str, Any]]
     kv: dict[str, Any] = field(default_factory=dict)
+    by_record: dict[str, list[SiteCell]] = field(default_factory=dict)
+    """Record id -> the cells it stands in (shows now, or is a point of their trend)."""
+
+    def __post_init__(self) -> None:
+        for sc in self.cells:
+            for rid in dict.fromkeys([*(p.record for p in sc.points), *([sc.shown] if sc.shown else [])]):
+                self.by_record.setdefault(rid, []).append(sc)
 
 
 def cell_key(row: str, model: str, column: str) -> str:

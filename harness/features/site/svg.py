@@ -32,7 +32,7 @@ def _marks(points: Sequence[Point], xy: Sequence[tuple[float, float]], r: float,
     for p, (x, y) in zip(points, xy, strict=True):
         c = COLOUR.get(p.state, "#57606a")
         fill = c if p.rate is not None else "none"
-        tip = f"<title>{escape(p.sha[:10] or 'no SHA')} {escape(p.state)} {escape(p.count)}</title>" if titles else ""
+        tip = f"<title>{escape(p.sha[:10] or 'no SHA')} {p.state} {p.count}</title>" if titles else ""
         out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r}" fill="{fill}" stroke="{c}">{tip}</circle>')
     return "".join(out)
 

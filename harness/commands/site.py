@@ -26,7 +26,8 @@ def cmd_site(a: argparse.Namespace, ws: Any) -> int:
     from harness.features.site import build_site
 
     try:
-        built = build_site(ws, a.out, paths=tracked_records(ws) if a.tracked else None)
+        built = build_site(ws, a.out.resolve() if a.out else None,
+                           paths=tracked_records(ws) if a.tracked else None)
     except CatalogError as e:
         error(e)
         return 2

@@ -92,7 +92,8 @@ def test_the_committed_records_build_into_a_site(tmp_path: Path, monkeypatch: py
     paths = tracked_records(ws)
     if paths is None:
         pytest.skip("not a git checkout: the committed records cannot be listed")
-    assert main(["site", "--tracked", "--out", str(tmp_path / "site")]) == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["site", "--tracked", "--out", "site"]) == 0  # a relative folder: from here
     out = " ".join(capsys.readouterr().out.split())
     assert f"{len(paths)} records" in out and "open file://" in out
     site = tmp_path / "site"

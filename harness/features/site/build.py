@@ -126,7 +126,19 @@ def _changes(data: SiteData) -> dict[str, Any]:
               "points": [[p.order, p.state, f"{SYMBOL[p.state]} {p.count}".strip(), page_of(p.record)]
                          for p in sc.points if p.order is not None]}
              for sc in data.cells if any(p.order is not None for p in sc.points)]
-    return {"shas": [list(t) for t in seen.values()], "cells": cells}
+    orders = [t[0] for t in seen.values()]
+
+    def shown(pts: list[list[Any]], order: int) -> str | None:
+        older = [p[2] for p in pts if p[0] <= order]
+        return older[-1] if older else None
+
+    def flips(a: int, b: int) -> int:
+        pairs = ((shown(c["points"], a), shown(c["points"], b)) for c in cells)
+        return sum(1 for x, y in pairs if x and y and x != y)
+
+    # the default "from": the newest SHA whose cells read otherwise than the newest's (the last change)
+    start = next((o for o in reversed(orders[:-1]) if flips(o, orders[-1])), orders[0] if orders else None)
+    return {"shas": [list(t) for t in seen.values()], "cells": cells, "from": start}
 
 
 def _record_view(data: SiteData, lr: Any, plots: Mapping[str, list[str]]) -> dict[str, Any]:

@@ -53,6 +53,7 @@ function showChanges(form, data) {
   for (const c of data.cells) {
     const pa = asOf(c.points, a), pb = asOf(c.points, b);
     if ((pa ? pa[2] : "") === (pb ? pb[2] : "")) continue;
+    if (form.elements.both.checked && !(pa && pb)) continue;
     n += 1;
     const tr = document.createElement("tr");
     for (const text of [c.row, c.model, c.col]) {

@@ -102,3 +102,30 @@ def test_the_committed_records_build_into_a_site(tmp_path: Path, monkeypatch: py
     assert linked and all((site / "records" / name).is_file() for name in linked)
     assert len(list((site / "records").glob("*.html"))) == len(paths)
     assert external_references(site) == []
+
+
+def test_a_failing_cell_names_the_first_bad_commit_its_bisect_found(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from harness.records import write_record
+
+    ws = make_git_workspace(tmp_path / "ws")
+    bad, _ = make_record(ws, outcome="fail", statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8})
+    found = {"over": "history", "reference": "a" * 40, "end": "b" * 40,
+             "result": {"kind": "found", "first_new": "c" * 40, "last_old": "d" * 40, "direction": "broke",
+                        "statement": "first commit whose verdicts differ: cccccccccc"}}
+    for candidate, result in (("bisect:hf@aaaa..bbbb", found),  # about this engine: shown
+                              ("bisect:cpp@aaaa..bbbb", found),  # another engine: not shown
+                              ("bisect:hf@eeee..ffff", {**found, "result": {"kind": "no_change"}})):
+        rec, _ = make_record(ws, candidate=candidate, created="2026-11-30T05:00:00Z", write=False,
+                             extra={"bisect": result})
+        write_record(ws.records, replace(rec, kind="bisect"))
+    site = build_site(ws, tmp_path / "out").out
+    index = (site / "index.html").read_text()
+    assert index.count("first bad:") == 2  # the hf column's two failing rows, once each
+    row = re.search(r'data-col="hf" data-state="fail".*?</td>', index, re.S).group(0)
+    assert "first bad: <a" in row and ">cccccccccc</a>" in row
+    assert "cccccccccc" not in re.search(r'data-col="cpp".*?</td>', index, re.S).group(0)
+    bisects = (site / "bisects.html").read_text()
+    assert bisects.count("<tr><td><a") == 3 and "no_change" in bisects
+    assert f"records/{page_of(bad.id)}" not in bisects  # the gate record is no bisect

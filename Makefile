@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load kv-faults bisect repin sampling api
+.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check site site-test ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load kv-faults bisect repin sampling api
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -43,6 +43,8 @@ help:
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
 	@echo "make features                                             FEATURES.md + SUPPORTED_MODELS.md from records"
+	@echo "make site [SITE=reports/site]                              the static results site from records (opens from file://)"
+	@echo "make site-test                                            the results site in headless Chromium (Playwright; opt-in)"
 	@echo "make plan [DEVICE=cpu|cuda] [SHARD=i/n]                    the fleet matrix (fleet.toml) as CI matrix JSON"
 	@echo "make fleet [DEVICE=cpu] [SHARD=i/n] [WORKERS=auto]         run the matrix entries as pytest items (xdist)"
 	@echo "make localize RECORD=reports/records/... [CASES=all]      where a parity gate's candidate parts from the oracle"
@@ -119,6 +121,18 @@ features: venv
 
 features-check: venv
 	$(BIN)/harness features --check --tracked
+
+# The static results site from features.toml + reports/records/ (docs/site.md): open
+# $(SITE)/index.html from the file system, no server needed.
+SITE ?= reports/site
+site: venv
+	$(BIN)/harness site --out '$(SITE)'
+
+# The site in a real browser: Debian's Chromium (apt-get install chromium) driven by Playwright
+# for Python (the site extra; no browser download). Skips, naming what is missing, without them.
+site-test: venv
+	$(BIN)/python -m pip install -q -e '.[site]'
+	$(BIN)/python -m pytest tests/unit/test_site_browser.py -m browser $(PYTEST_ARGS)
 
 # A/B configuration gate. SUITE defaults to ab_smoke here (full-vocab logprobs, 256 tokens).
 A ?= vllm

@@ -16,13 +16,14 @@ the pipeline that uses them.
 * :mod:`.bisect`          ``harness bisect``
 * :mod:`.repin`           ``harness repin``
 * :mod:`.fleet`           ``harness plan``, ``harness pin``, ``harness merge`` (the fleet)
+* :mod:`.site`            ``harness site`` (the static results site)
 """
 
 from __future__ import annotations
 
-from harness.commands import bisect, fleet, gate, localize, pages, records, repin, sampling, speed
+from harness.commands import bisect, fleet, gate, localize, pages, records, repin, sampling, site, speed
 
 SUBCOMMANDS = (*gate.SUBCOMMANDS, *records.SUBCOMMANDS, *pages.SUBCOMMANDS, *speed.SUBCOMMANDS,
                *localize.SUBCOMMANDS, *bisect.SUBCOMMANDS, *repin.SUBCOMMANDS, *sampling.SUBCOMMANDS,
-               *fleet.SUBCOMMANDS)
+               *fleet.SUBCOMMANDS, *site.SUBCOMMANDS)
 """Every subcommand these modules declare, in the order ``harness --help`` lists them."""

@@ -7,9 +7,10 @@ what each cell shows; :mod:`.render` writes FEATURES.md, :mod:`.supported` SUPPO
 :mod:`.history` answers ``harness history``; :mod:`.trend` ``harness trend`` (one metric of a row
 across commits).
 
-Every cell cites its record and the SHA it ran on, and the generator refuses to write a table that
-cites a record that does not exist. A malformed or truncated record is reported by path in a
-warning cell and the warnings section; it never stops the generator.
+Every cell cites its record (a reference-style link, :mod:`.refs`); a cell that is not a plain ✅
+has a numbered note naming the reason, the failing cases, the SHA and the device class; the
+generator refuses to write a table that cites a record that does not exist. A malformed or truncated
+record is reported by path in a warning note and the warnings section; it never stops the generator.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from harness.features.catalog import CATALOG, Catalog, CatalogError, load_catalog
 from harness.features.cells import SYMBOL, Judge, Table
 from harness.features.history import history, history_table
+from harness.features.refs import DEFINITION
 from harness.features.render import FEATURES_MD, SUPPORTED_MD, render_features
 from harness.features.sources import load_records, slug_matches, spec_matches, tracked_records
 from harness.features.supported import render_supported
@@ -44,7 +46,7 @@ def check_citations(ws: Workspace, *pages: str) -> list[str]:
     """Every link target in ``pages`` that does not exist under the root (empty: none is dead)."""
     dead = []
     for page in pages:
-        for target in LINK.findall(page):
+        for target in [*LINK.findall(page), *DEFINITION.findall(page)]:
             if "://" in target or target.startswith("#"):
                 continue
             if not (ws.root / target).is_file():

@@ -70,6 +70,12 @@ class Cell:
     newer: tuple[tuple[str, str], ...] = ()
     """(path, why stale) of newer records that are stale (e.g. made on an unmerged branch):
     mentioned beside the current one, never shown instead of it."""
+    releases: tuple[str, ...] = ()
+    """For a glob column matched by several releases: each release's label (``0.26.0 ◐ (why)``), in
+    release order; ``text`` joins them."""
+    count: str = ""
+    """The short count a page shows after the symbol: proving verdicts passed of judged (``8/8``),
+    or releases passing of releases for a glob column; empty where nothing was counted."""
 
     @property
     def symbol(self) -> str:
@@ -86,6 +92,19 @@ def refusal_reason(rec: Record) -> str:
 
 def _cases(ids: Sequence[str], n: int = 3) -> str:
     return ", ".join(ids[:n]) + (" …" if len(ids) > n else "")
+
+
+def tally(rec: Record, prove: Sequence[str]) -> str:
+    """Proving verdicts passed of those judged (``5/8``), as :func:`judge_record` counts them: a lane
+    the engine never promised is left out unless nothing else was judged; "" when none was judged."""
+    good = total = 0
+    for c in prove:
+        vs = [v for v in rec.verdicts if v.comparator == c]
+        vs = [v for v in vs if not v.evidence.get("not_promised")] or vs
+        vs = [v for v in vs if v.status != "skip"]
+        good += sum(v.status == "pass" for v in vs)
+        total += len(vs)
+    return f"{good}/{total}" if total else ""
 
 
 def judge_record(rec: Record, prove: Sequence[str]) -> tuple[State, str]:
@@ -233,12 +252,14 @@ class Judge:
             return Cell("todo", f"no record for {spec}", warnings=warn)
         rec = lr.record
         state, text = judge_record(rec, row.prove)
+        counted = state in ("pass", "partial", "fail", "vacuous") and rec.outcome != "error"
+        count = tally(rec, row.prove) if counted else ""
         why = self.stale(lr)
         if why:
             text = f"{'; '.join(why)} (was {SYMBOL[state]} {text})"
-            state = "stale"
+            state, count = "stale", ""
         return Cell(state, text, lr.path, rec.harness.get("sha"), rec.candidate.sha, warn,
-                    device_class(rec), self._newer(newer))
+                    device_class(rec), self._newer(newer), count=count)
 
     def several(self, row: Row, model: str, spec: str | None) -> Cell | None:
         """A glob column (``vllm@*``) matched by records of several engine releases: one cell that
@@ -266,7 +287,8 @@ class Judge:
         rec = newest.record
         return Cell(worst, f"{len(parts)} releases: " + ", ".join(p[1] for p in parts), newest.path,
                     rec.harness.get("sha"), rec.candidate.sha, self.warnings(row, model, spec),
-                    device_class(rec))
+                    device_class(rec), releases=tuple(p[1] for p in parts),
+                    count=f"{sum(p[2] == 'pass' for p in parts)}/{len(parts)}")
 
     def oracle_cell(self, row: Row, model: str) -> Cell:
         if ORACLE in row.na:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.features.cells import SYMBOL, Judge, State, Table, device_class, judge_record, release_key
+from harness.features.refs import Refs
 from harness.features.render import REGENERATE, cite, md
 from harness.features.sources import Loaded, newest_first
 from harness.kinds.kv.plan import describe_groups
@@ -95,8 +96,8 @@ def _attention(rec: Any) -> str:
     return "; ".join(filter(None, (rec.model.get("attention", "—"), rec.model.get("experts"))))
 
 
-def _links(runs: Sequence[ModelRun]) -> str:
-    return ", ".join(f"[{i + 1}]({r.lr.path})" for i, r in enumerate(runs))
+def _links(runs: Sequence[ModelRun], refs: Refs) -> str:
+    return ", ".join(refs.link(str(i + 1), r.lr.path) for i, r in enumerate(runs))
 
 
 def _connector(rec: Any) -> str:
@@ -148,7 +149,7 @@ def _venv(rec: Any) -> str:
             + (f" ({shared / 2**20:.0f} MiB hard-linked)" if shared else ""))
 
 
-def kv_release_table(runs: Sequence[ModelRun], cited: list[str]) -> list[str]:
+def kv_release_table(runs: Sequence[ModelRun], cited: list[str], refs: Refs) -> list[str]:
     """The KV round trip release by release: every current configuration, verified or not."""
     out = ["", "### Per release", "",
            "Every KV round trip on record, one line per model, connector and vLLM release (the newest "
@@ -170,14 +171,21 @@ def kv_release_table(runs: Sequence[ModelRun], cited: list[str]) -> list[str]:
                    f"{md(_groups(x) or '—')} | "
                    f"{SYMBOL[state]} | {_tally(x, 'byte_equal')} | {_tally(x, 'kv_hits')} | "
                    f"{md(_short_hits(x))} | {md(_refusal(x))} | {md(_absorbed(x))} | {_starts(x)} | "
-                   f"{md(_venv(x))} | [record]({r.lr.path}) |")
+                   f"{md(_venv(x))} | {refs.link('record', r.lr.path)} |")
     if not runs:
         out.append("| — | | | | | | | | | | | | |")
-    return out
+    return _defs(out, refs)
+
+
+def _defs(out: list[str], refs: Refs) -> list[str]:
+    """``out`` and, under it, the link definitions of the records its table cited."""
+    defs = refs.definitions()
+    return [*out, "", *defs] if defs else out
 
 
 def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[str]]:
     runs = current_runs(judge)
+    refs = Refs()
     cited: list[str] = []
     out = [HEADER, "", "# Supported models", "",
            "Every model below passed a gate against the pinned vLLM oracle, judged by the harness on "
@@ -202,9 +210,10 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
         out.append(f"| {md(m)} | {md(recs[0].model.get('architecture', '—'))} | "
                    f"{md(_attention(recs[0]))} | {md(_kv_groups(vs))} | "
                    f"{_vllm_versions(vs)} | {md(_join(device_class(x) for x in recs))} | {suites} | "
-                   f"{md(cands)} | {_links(vs)} |")
+                   f"{md(cands)} | {_links(vs, refs)} |")
     if not any(verified.values()):
         out.append("| — | | | | | | | | |")
+    out = _defs(out, refs)
     out += ["", "The vLLM column is the oracle release each model was verified against (and any vLLM "
             "release that ran as a candidate); device classes are where the candidates ran.", ""]
 
@@ -225,10 +234,11 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
                    f"{md(_attention(recs[0]))} | {md(_kv_groups(rs))} | {md(conn)} | "
                    f"{_join(x.candidate.version for x in recs)} | "
                    f"{_join(x.candidate.settings.get('chunk_size') for x in recs)} | "
-                   f"{_join(x.candidate.settings.get('block_size') for x in recs)} | {_links(rs)} |")
+                   f"{_join(x.candidate.settings.get('block_size') for x in recs)} | {_links(rs, refs)} |")
     if not kv:
         out.append("| — | | | | | | | | |")
-    out += kv_release_table([r for r in runs if r.lr.record.kind == "kv_roundtrip"], cited)
+    out = _defs(out, refs)
+    out += kv_release_table([r for r in runs if r.lr.record.kind == "kv_roundtrip"], cited, refs)
 
     out += ["", "## Settings per model", "",
             "One line per model and configuration that is verified.", "",
@@ -252,10 +262,11 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
             dtype = cs.get("dtype", o.get("dtype", "—"))
             out.append(f"| {md(m)} | {md(x.suite.get('name'))} | {x.oracle.get('version') or '—'} | "
                        f"{block} | {chunk} | {dtype} | {md(x.candidate.name)} | {md(_differs(cs, o))} | "
-                       f"{md(device_class(x) or '—')} | [record]({r.lr.path}) |")
+                       f"{md(device_class(x) or '—')} | {refs.link('record', r.lr.path)} |")
             rows += 1
     if not rows:
         out.append("| — | | | | | | | | | |")
+    out = _defs(out, refs)
     out += ["", "## Not verified", "", "| Model | Suite | Candidate | State | Why | Record |",
             "|---|---|---|---|---|---|"]
     nv = [r for r in runs if not r.verified and not (r.state == "refused" and not r.stale)]
@@ -266,9 +277,10 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
         cited.append(r.lr.path)
         out.append(f"| {md(x.model.get('name'))} | {md(x.suite.get('name'))} | {md(x.candidate.name)} | "
                    f"{SYMBOL[state]} | {md(why)} | "
-                   f"{cite(r.lr.path, x.harness.get('sha'), x.candidate.sha)} |")
+                   f"{cite(r.lr.path, x.harness.get('sha'), x.candidate.sha, refs)} |")
     if not nv:
         out.append("| — | | | | | |")
+    out = _defs(out, refs)
     out += ["", "## Refused configurations", "",
             "| Model | Suite | Candidate | Settings | Reason (the engine's words) | Record |",
             "|---|---|---|---|---|---|"]
@@ -278,9 +290,10 @@ def render_supported(ws: Workspace, t: Table, judge: Judge) -> tuple[str, list[s
         cited.append(r.lr.path)
         out.append(f"| {md(x.model.get('name'))} | {md(x.suite.get('name'))} | {md(x.candidate.name)} | "
                    f"{md(_settings_text(x.candidate.settings))} | {md(r.text)} | "
-                   f"{cite(r.lr.path, x.harness.get('sha'), x.candidate.sha)} |")
+                   f"{cite(r.lr.path, x.harness.get('sha'), x.candidate.sha, refs)} |")
     if not refused:
         out.append("| — | | | | | |")
+    out = _defs(out, refs)
     out += ["", "---", "", f"Generated from {_n(len(t.records), 'record')} ({len(t.broken)} unreadable), "
             f"{_n(len(runs), 'current configuration')}. Regenerate with `{REGENERATE}`.", ""]
     return "\n".join(out), cited

@@ -308,7 +308,8 @@ def test_deliberately_vacuous_comparator_comes_out_vacuous_in_record_and_table(
     g = generate(ws)
     assert g.table.cell("vacuous", "echo").state == "vacuous"
     assert g.table.cell("guarded", "echo").state == "pass"
-    assert "| VACUOUS always_pass: flip decisive token" in g.features
+    assert "[VACUOUS 8/8][r" in g.features  # the short cell: a count of passes that prove nothing ...
+    assert "1. VACUOUS always_pass: flip decisive token" in g.features  # ... and its note says why
     assert "VACUOUS" in g.supported  # listed as not verified, with the reason
     assert "## Verified models" in g.supported and "| tiny-llama | LlamaForCausalLM" not in g.supported
 

@@ -24,6 +24,8 @@ from harness.workspace import REPO_ROOT
 DOCS = REPO_ROOT / "docs"
 ROOT_PAGES = ("README.md", "FEATURES.md", "SUPPORTED_MODELS.md")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+DEFINITION = re.compile(r"^\[[^\]]+\]:\s*(\S+)", re.M)
+"""A reference-style link's target (``[r3]: reports/records/…``: the generated pages cite records so)."""
 
 
 def mkdocs_build(root: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -73,7 +75,7 @@ def link_problems(markdown: str, source: str, site: Path) -> list[str]:
     """Relative links of a page at the repository root that do not resolve: a docs/ page that does
     not exist or lacks the anchor, or a file of the repository that is not there."""
     problems = []
-    for target in LINK.findall(markdown):
+    for target in [*LINK.findall(markdown), *DEFINITION.findall(markdown)]:
         if re.match(r"[a-z]+:", target) or target.startswith("#"):
             continue  # a URL, or an anchor of the page itself
         path, _, anchor = target.partition("#")
@@ -132,11 +134,13 @@ def test_root_pages_link_into_docs_and_the_tree_only_where_it_resolves(site: Pat
 
 def test_a_broken_link_from_the_readme_is_caught(site: Path) -> None:
     planted = ("[ok](docs/parity.md#comparators-and-verdicts) [gone](docs/no-such-page.md) "
-               "[anchor](docs/parity.md#no-such-anchor) [file](harness/no_such_module.py)")
+               "[anchor](docs/parity.md#no-such-anchor) [file](harness/no_such_module.py) [ref][r1]\n"
+               "\n[r1]: reports/records/no-such-record.json\n")
     assert link_problems(planted, "README.md", site) == [
         "README.md: docs/no-such-page.md: no page docs/no-such-page.md",
         "README.md: docs/parity.md#no-such-anchor: docs/parity.md has no anchor #no-such-anchor",
-        "README.md: harness/no_such_module.py: no file harness/no_such_module.py"]
+        "README.md: harness/no_such_module.py: no file harness/no_such_module.py",
+        "README.md: reports/records/no-such-record.json: no file reports/records/no-such-record.json"]
 
 
 def test_the_readme_is_short_and_gives_the_two_commands() -> None:

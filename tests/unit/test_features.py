@@ -4,6 +4,7 @@ records reported and skipped, records never rewritten, history newest first."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,11 @@ from tests.unit.features_kit import CATALOG, make_git_workspace, make_record
 @pytest.fixture
 def ws(tmp_path: Path) -> Workspace:
     return make_git_workspace(tmp_path / "ws")
+
+
+def refs_of(page: str) -> dict[str, str]:
+    """Record path -> its reference label on a generated page (``[r3]: path``)."""
+    return {m.group(2): m.group(1) for m in re.finditer(r"^\[([^\]]+)\]: (\S+)$", page, re.M)}
 
 
 def cell(ws: Workspace, row: str = "near-tie", col: str = "hf"):  # noqa: ANN201
@@ -39,8 +45,17 @@ def test_pass_cites_its_record_and_sha(ws: Workspace) -> None:
     assert (c.state, c.text) == ("pass", "near_tie 8/8")
     rel = path.relative_to(ws.root).as_posix()
     g = generate(ws)
-    assert f"✅ near_tie 8/8<br>[record]({rel}) @ `{rec.harness['sha'][:10]}`" in g.features
+    label = refs_of(g.features)[rel]
+    assert f"| [✅ 8/8][{label}] |" in g.features  # the short cell: symbol, count, link; no note
     assert check_citations(ws, g.features, g.supported) == []
+    # a failing cell carries a note with the failing cases, the SHA and the device class
+    make_record(ws, statuses={"near_tie": ["pass"] * 5 + ["fail"] * 3, "strict": ["pass"] * 8},
+                outcome="fail", created="2026-11-30T05:00:00Z")
+    g = generate(ws)
+    line = next(x for x in g.features.splitlines() if x.startswith("| `near-tie`"))
+    assert "[◐ 5/8][r" in line and "<sup>1</sup>" in line
+    note = next(x for x in g.features.splitlines() if x.startswith("1. ◐ "))
+    assert "near_tie 5/8 (c06, c07, c08)" in note and f"@ `{rec.harness['sha'][:10]}`" in note
 
 
 def test_partial_names_the_gap_and_the_cases(ws: Workspace) -> None:
@@ -194,7 +209,7 @@ def test_a_newer_stale_record_is_mentioned_beside_the_current_one_not_instead(ws
     assert [path for path, _ in c.newer] == [newer.relative_to(ws.root).as_posix()]
     assert "uncommitted changes" in c.newer[0][1]
     g = generate(ws)
-    assert f"newer [record]({newer.relative_to(ws.root).as_posix()}) ⌛" in g.features
+    assert f"newer [record][{refs_of(g.features)[newer.relative_to(ws.root).as_posix()]}] ⌛" in g.features
     assert check_citations(ws, g.features, g.supported) == []
     # with no current record left, the newest stale one is shown, as stale
     current.unlink()
@@ -230,7 +245,7 @@ def test_supported_models_shows_the_current_state_one_line_per_configuration(ws:
     for hour in range(1, 6):
         make_record(ws, created=f"2026-11-30T0{hour}:00:00Z", dirty=hour % 2 == 0)
     s = generate(ws).supported
-    assert s.count("[record](") == 1  # settings: the one current configuration, nothing else cited
+    assert s.count("[record][") == 1  # settings: the one current configuration, nothing else cited
     assert "## Not verified" in s and "| — | | | | | |" in s.split("## Not verified")[1].split("##")[0]
 
 
@@ -301,6 +316,11 @@ def test_a_glob_cell_with_several_releases_names_each_and_shows_the_worst(ws: Wo
     assert c.state == "partial"  # the worst of the two leads
     assert c.text == "2 releases: 0.26.0 ◐ (near_tie 7/8 (c08)), 0.31.0 ✅"  # in release order
     assert c.record is not None and "vllm-0.31.0" in c.record  # the newest is cited
+    # on the page: the cell counts releases passing; its note lists each release on a line of its own
+    page = generate(ws).features
+    assert "[◐ 1/2][r" in page
+    assert "2. ◐ 2 releases, newest @ `" in page  # note 1 is the hf column's ☐
+    assert "\n    - 0.26.0 ◐ (near_tie 7/8 (c08))\n    - 0.31.0 ✅\n" in page
 
 
 def test_a_release_whose_engine_died_before_naming_itself_is_named_by_its_spec() -> None:
@@ -314,3 +334,33 @@ def test_a_release_whose_engine_died_before_naming_itself_is_named_by_its_spec()
     assert release_of(rec("vllm@0.22.1/vllm.x:ExampleConnector", "unknown")) == "0.22.1"  # type: ignore[arg-type]
     assert release_of(rec("vllm@0.22.1/vllm.x:ExampleConnector", "0.22.1")) == "0.22.1"  # type: ignore[arg-type]
     assert release_of(rec("vllm/harness-store", "unknown")) == "unknown"  # type: ignore[arg-type]
+
+
+def test_a_section_shows_only_the_columns_that_apply_and_the_glance_its_worst(tmp_path: Path) -> None:
+    catalog = CATALOG + """
+[[sections]]
+title = "Only hf"
+
+[[sections.rows]]
+id = "hf-only"
+title = "a row no other engine runs"
+model = "tiny-llama"
+suite = "smoke"
+prove = ["strict"]
+na = { cpp = "not this engine", oracle = "no goldens" }
+"""
+    ws = make_git_workspace(tmp_path / "ws", catalog)
+    make_record(ws, statuses={"near_tie": ["pass"] * 8, "strict": ["pass"] * 5 + ["fail"] * 3})
+    make_record(ws, candidate="cpp", outcome="fail", statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8})
+    page = generate(ws).features
+    decode, only = page.split("## Decode")[1].split("## Only hf")
+    assert "| Feature | Model | `hf` | `cpp` | `oracle` |" in decode
+    assert "| Feature | Model | `hf` |" in only and "`cpp`" not in only.split("---")[0]
+    glance = page.split("## At a glance")[1].split("## Decode")[0]
+    rows = {line.split(" | ")[0]: line for line in glance.splitlines() if line.startswith("| `")}
+    # hf: ✅ near-tie, ◐ strict in Decode (worst ◐, 1 of 2 pass); ◐ in the hf-only section
+    assert "[◐ 1/2](#decode)" in rows["| `hf`"] and "[◐ 0/1](#only-hf)" in rows["| `hf`"]
+    # cpp: ❌ near-tie, n/a for strict; n/a for the whole second section
+    assert rows["| `cpp`"].endswith("| [❌ 1/1](#decode) | n/a |".replace("1/1", "0/1"))
+    # the worst verdict wins over a pass, and a plain ✅ never counts a ☐ as passed
+    assert "✅" not in rows["| `cpp`"]

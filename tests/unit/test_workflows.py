@@ -106,6 +106,7 @@ def test_the_merge_job_installs_everything_the_merge_imports() -> None:
     deps = set(load("gpu.yml")["jobs"]["merge"]["env"]["MERGE_DEPS"].split())
     code = ("import sys; before = set(sys.modules)\n"
             "import harness.cli, harness.fleet.merge, harness.features, harness.staleness, harness.models\n"
+            "import harness.features.site.build\n"
             "mods = {m.split('.')[0] for m in set(sys.modules) - before}\n"
             "print(' '.join(sorted(m for m in mods if m not in sys.stdlib_module_names"
             " and not m.startswith('_') and m != 'harness')))")
@@ -114,3 +115,17 @@ def test_the_merge_job_installs_everything_the_merge_imports() -> None:
     assert r.returncode == 0, r.stderr
     imported = set(r.stdout.split())
     assert imported <= deps, f"the merge imports {sorted(imported - deps)}: add them to MERGE_DEPS in gpu.yml"
+
+
+def test_both_workflows_publish_the_results_site() -> None:
+    """The CI run (pull requests too) and the fleet's merge build the site and upload it; the fleet
+    deploys it to GitHub Pages only on main, where the repository opts in."""
+    ci = load("ci.yml")["jobs"]["test"]["steps"]
+    merge = load("gpu.yml")["jobs"]["merge"]["steps"]
+    for steps, build in ((ci, "make site"), (merge, "harness site --out reports/site")):
+        at = next(i for i, s in enumerate(steps) if s.get("run", "").startswith(build))
+        up = next(s for s in steps[at:] if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+        assert up["with"]["name"] == "results-site" and up["with"]["path"] == "reports/site/"
+    pages = load("gpu.yml")["jobs"]["pages"]
+    assert pages["needs"] == ["merge"] and "vars.HARNESS_PAGES == 'true'" in pages["if"]
+    assert pages["permissions"] == {"pages": "write", "id-token": "write"}

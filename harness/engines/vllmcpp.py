@@ -48,7 +48,7 @@ from harness.engines.converted import Converted, ensure_converted_by, without_pa
 from harness.engines.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.procs import run_engine
 from harness.engines.vllm import output_from_fields
-from harness.engines.vllmcpp_build import Build, BuildError, ensure_build
+from harness.engines.vllmcpp_build import Build, BuildError, ensure_build, source_path
 from harness.engines.worker_lines import WorkerFailed, check_result
 from harness.excerpt import file_tail
 from harness.models import ModelRef
@@ -181,6 +181,14 @@ class VllmCppRunner(NoTensors):
         digest = str(self.build.facts.get("source_digest", ""))[:12] if self.build else ""
         label = f"vllm.cpp {version}".strip() + (f" ({commit[:8] or 'source ' + digest})" if digest else "")
         return EngineInfo(self.name, "vllm.cpp", label, settings=settings, environment=env)
+
+    def preflight(self) -> None:
+        """The Preflight ability: the source the spec names exists (the build itself waits for
+        ``start``)."""
+        try:
+            source_path(self.options.get("src"))
+        except BuildError as e:
+            raise FileNotFoundError(f"{self.name}: {e}") from None
 
     def start(self) -> None:
         t0 = time.perf_counter()

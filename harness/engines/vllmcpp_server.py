@@ -91,6 +91,10 @@ class VllmCppServerRunner(NoTensors):
         assert self.server is not None, "start() first"
         return Endpoint(self.server.base_url + "/v1", self.model.name, managed=True)
 
+    def preflight(self) -> None:
+        """The Preflight ability: the engine's own (the source exists)."""
+        self.engine.preflight()
+
     def info(self) -> EngineInfo:
         inner = self.engine.info()
         settings: dict[str, Any] = {**inner.settings, "route": "/v1/completions",

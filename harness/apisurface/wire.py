@@ -14,35 +14,46 @@ words); a whole reply's arguments that do not parse are a deviation too."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from openai.types import Completion, ErrorObject
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai.types.completion_choice import CompletionChoice
-from pydantic import BaseModel, ValidationError
-
 from harness.engines.openai.transport import Exchange
 from harness.excerpt import clip
 
 
-class StreamChoice(CompletionChoice):
-    finish_reason: Literal["stop", "length", "content_filter"] | None = None  # type: ignore[assignment]
+@functools.cache
+def published() -> dict[str, Any]:
+    """The types, by route and shape. Imported on first use: the ``openai`` package and pydantic stay
+    out of everything that only reads records (the fleet's merge installs neither)."""
+    from openai.types import Completion, ErrorObject
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.completion_choice import CompletionChoice
+    from pydantic import BaseModel
 
+    class StreamChoice(CompletionChoice):
+        finish_reason: Literal["stop", "length", "content_filter"] | None = None  # type: ignore[assignment]
 
-class CompletionEvent(Completion):
-    """One ``/v1/completions`` stream event: ``Completion`` with ``finish_reason`` null until the end."""
+    class CompletionEvent(Completion):
+        """One ``/v1/completions`` stream event: ``Completion``, ``finish_reason`` null until the end."""
 
-    choices: list[StreamChoice]  # type: ignore[assignment]
+        choices: list[StreamChoice]  # type: ignore[assignment]
 
+    class ErrorReply(BaseModel):
+        """An HTTP error's body: ``{"error": <ErrorObject>}`` (the shape the OpenAI API answers)."""
 
-class ErrorReply(BaseModel):
-    """An HTTP error's body: ``{"error": <ErrorObject>}`` (the shape the OpenAI API answers)."""
+        error: ErrorObject
 
-    error: ErrorObject
+    return {
+        "completion": Completion,
+        "completion_event": CompletionEvent,
+        "chat": ChatCompletion,
+        "chat_event": ChatCompletionChunk,
+        "error": ErrorReply,
+    }
 
 
 INDEX = re.compile(r"\[\d+\]")
@@ -97,11 +108,18 @@ def _got(value: Any) -> str:
     return f"{name} {clip(json.dumps(value, default=str), 60)}"
 
 
-def _models(cls: type[BaseModel] = BaseModel) -> set[str]:
-    out = set()
-    for sub in cls.__subclasses__():
-        out |= {sub.__name__} | _models(sub)
-    return out
+@functools.cache
+def _models() -> frozenset[str]:
+    from pydantic import BaseModel
+
+    def under(cls: type) -> set[str]:
+        out = set()
+        for sub in cls.__subclasses__():
+            out |= {sub.__name__} | under(sub)
+        return out
+
+    published()
+    return frozenset(under(BaseModel))
 
 
 def _is_member(part: Any) -> bool:
@@ -110,7 +128,9 @@ def _is_member(part: Any) -> bool:
     return isinstance(part, str) and part[:1].isupper() and part in _models()
 
 
-def _errors(model: type[BaseModel], obj: Any) -> list[dict[str, Any]]:
+def _errors(model: Any, obj: Any) -> list[dict[str, Any]]:
+    from pydantic import ValidationError
+
     try:
         model.model_validate(obj, strict=True)
     except ValidationError as e:
@@ -137,8 +157,9 @@ def _closest_members(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return plain
 
 
-def validate(model: type[BaseModel], obj: Any, prefix: str = "") -> list[Deviation]:
-    """Strict validation of one JSON value as ``model``: every deviation, path and expected type."""
+def validate(model: Any, obj: Any, prefix: str = "") -> list[Deviation]:
+    """Strict validation of one JSON value as ``model`` (a pydantic model of :func:`published`): every
+    deviation, path and expected type."""
     out = []
     for err in _closest_members(_errors(model, obj)):
         path = _render(err["loc"])
@@ -176,14 +197,15 @@ def deviations(path: str, ex: Exchange) -> list[Deviation] | None:
     """Every deviation of one exchange on route ``path`` from the published types; None: nothing
     came back to validate (no answer)."""
     chat = path.startswith("/chat")
+    types = published()
     if ex.status == 0:
         return None
     if ex.status >= 400:
         if not isinstance(ex.body, Mapping):
             return [Deviation("ErrorReply", "(body)", "a JSON object", f"{clip(ex.raw, 60)!r}")]
-        return validate(ErrorReply, ex.body)
+        return validate(types["error"], ex.body)
     if ex.events or ex.done:
-        event_type = ChatCompletionChunk if chat else CompletionEvent
+        event_type = types["chat_event" if chat else "completion_event"]
         out = []
         for i, ev in enumerate(ex.events):
             out += validate(event_type, ev, f"events[{i}]")
@@ -194,5 +216,5 @@ def deviations(path: str, ex: Exchange) -> list[Deviation] | None:
         return out
     if not isinstance(ex.body, Mapping):
         return [Deviation("Completion", "(body)", "a JSON object", f"{clip(ex.raw, 60)!r}")]
-    body_type = ChatCompletion if chat else Completion
+    body_type = types["chat" if chat else "completion"]
     return validate(body_type, ex.body) + (_arguments(ex.body) if chat else [])

@@ -10,7 +10,8 @@ methods; the pipeline asks ``isinstance(runner, Ability)``, never ``getattr``:
 * :class:`SpeedLevels` — replay a workload at several concurrencies in one start;
 * :class:`Sampler` — draw seeded samples with the engine's own sampler (the sampling gate), with
   what that sampler promises (:class:`SamplerTraits`);
-* :class:`ServesOpenAI` — answer the OpenAI API at an :class:`Endpoint` (the API gate).
+* :class:`ServesOpenAI` — answer the OpenAI API at an :class:`Endpoint` (the API gate);
+* :class:`Preflight` — check in seconds, before anything starts, what would make ``start`` fail.
 """
 
 from __future__ import annotations
@@ -224,4 +225,17 @@ class ServesOpenAI(Protocol):
 
     def endpoint(self) -> Endpoint:
         """The running server's :class:`Endpoint` (``start`` first)."""
+        ...
+
+
+@runtime_checkable
+class Preflight(Protocol):
+    """Optional ability: check what can be checked in seconds without starting anything — a path the
+    spec names, a server the spec points at — so that a gate refuses before its oracle starts rather
+    than minutes later. The API gate calls it before the oracle's server starts."""
+
+    def preflight(self) -> None:
+        """Raise ``FileNotFoundError`` for a path the spec names that does not exist (a usage error:
+        the command exits 2 and writes no record) and :class:`~harness.api.EngineRefused` for an engine
+        that cannot serve as specified (nothing answers at its URL: a refused record)."""
         ...

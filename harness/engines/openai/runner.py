@@ -25,6 +25,9 @@ from harness.excerpt import clip
 from harness.models import ModelRef
 from harness.speed import Speed
 
+PREFLIGHT_S = 5.0
+"""Seconds the preflight waits for ``/v1/models`` (a refused connection fails at once)."""
+
 
 class OpenAIRunner(NoTensors, OpenAISampling):
     """A candidate reached over HTTP. ``watch`` (optional) says why the server died, if it did.
@@ -77,6 +80,22 @@ class OpenAIRunner(NoTensors, OpenAISampling):
         with ``probe=yes``."""
         return Endpoint(self.options.base_url, self._served.get("id", self.options.model),
                         managed=self.options.probe, key_env=self.options.key_env, body=self.options.body)
+
+    def preflight(self) -> None:
+        """The Preflight ability: the key variable when named, and one ``/v1/models`` request with a
+        short timeout — a refused connection or an unknown host is refused now (a server that answers
+        anything, even an error, is left to ``start`` and its ``wait``)."""
+        o = self.options
+        if o.key_required and not os.environ.get(o.key_env):
+            raise EngineRefused(f"{self.name}: environment variable {o.key_env} (key_env) is not set")
+        quick = Transport(replace(o, timeout_s=min(o.timeout_s, PREFLIGHT_S), retries=0))
+        try:
+            quick.get_json("/models")
+        except Fault as f:
+            if f.transport:
+                raise EngineRefused(f"{self.name}: nothing answers at {o.base_url}/models "
+                                    f"({quick.redact(f.describe())}); start the server or fix the URL"
+                                    ) from None
 
     def start(self) -> None:
         """Wait for ``/v1/models`` (``wait`` seconds), pick the served model, read the version."""

@@ -47,7 +47,7 @@ from harness.engines.base import ENGINES, NoTensors, RunnerContext, parse_option
 from harness.engines.launch.converted import Converted, ensure_converted_by
 from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
 from harness.engines.launch.worker_run import case_lines, output_from_fields, run_worker
-from harness.engines.vllmcpp.build import Build, BuildError, ensure_build
+from harness.engines.vllmcpp.build import Build, BuildError, ensure_build, source_path
 from harness.models import ModelRef
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -178,6 +178,14 @@ class VllmCppRunner(NoTensors):
         digest = str(self.build.facts.get("source_digest", ""))[:12] if self.build else ""
         label = f"vllm.cpp {version}".strip() + (f" ({commit[:8] or 'source ' + digest})" if digest else "")
         return EngineInfo(self.name, "vllm.cpp", label, settings=settings, environment=env)
+
+    def preflight(self) -> None:
+        """The Preflight ability: the source the spec names exists (the build itself waits for
+        ``start``)."""
+        try:
+            source_path(self.options.get("src"))
+        except BuildError as e:
+            raise FileNotFoundError(f"{self.name}: {e}") from None
 
     def start(self) -> None:
         t0 = time.perf_counter()

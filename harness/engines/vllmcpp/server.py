@@ -75,6 +75,10 @@ class VllmCppServerRunner(ManagedServerRunner):
                                 f"openai: does; it stops vllm.cpp's engine at d85906ae)")
         self.engine = VllmCppRunner(model, opts, name, run_dir=run_dir)
 
+    def preflight(self) -> None:
+        """The Preflight ability: the engine's own (the source exists)."""
+        self.engine.preflight()
+
     def info(self) -> EngineInfo:
         inner = self.engine.info()
         settings: dict[str, Any] = {**inner.settings, "route": "/v1/completions",

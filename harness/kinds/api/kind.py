@@ -23,13 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.abilities import Endpoint, ServesOpenAI
+from harness.abilities import Endpoint, Preflight, ServesOpenAI
 from harness.api import EngineFailed, EngineInfo, EngineRefused, Runner, Verdict, failure_verdicts
 from harness.engines import RunnerContext, make_runner, split_spec
 from harness.engines.openai.transport import Exchange
 from harness.excerpt import first_line
 from harness.kinds.api.facets import FACETS, Context, Probe, comparator
+from harness.kinds.api.facets.logprob_values import kinds
 from harness.kinds.api.facets.logprobs import table
+from harness.kinds.api.facets.schema import findings
 from harness.kinds.api.observe import observe
 from harness.kinds.api.proxy import FAULTS
 from harness.kinds.api.reference import Reference
@@ -119,7 +121,14 @@ class ApiKind:
                 f"{req.suite.path}: every case of an API suite needs a 'text' (it is sent as "
                 "a prompt and a chat message)"
             )
-        ctx = Context(settings, texts, reference, {}, req.model.limits.max_len)
+        ctx = Context(
+            settings,
+            texts,
+            reference,
+            {},
+            req.model.limits.max_len,
+            dtype=req.suite.oracle_dtype or "float32",
+        )
         if is_pinned(req.candidate):
             return Prepared(settings, ctx, None)
         runner = None
@@ -133,6 +142,8 @@ class ApiKind:
                     f"{req.candidate}: this engine answers no OpenAI API (its runner has no "
                     f"ServesOpenAI ability); engines that do: {', '.join(API_ENGINES)}"
                 )
+            if isinstance(runner, Preflight):  # before the oracle starts: refused in seconds, not minutes
+                runner.preflight()
         except EngineRefused as e:
             return Prepared(settings, ctx, runner, ("refused", str(e)))
         return Prepared(settings, ctx, runner)
@@ -143,9 +154,10 @@ class ApiKind:
         t: dict[str, float] = {}
         ws.runs.mkdir(parents=True, exist_ok=True)
         oracle = configure(
-            make_runner(oracle_spec(PINNED, req.suite), req.model,
-                        RunnerContext(run_dir=ws.runs, name="oracle")),
-            prepared.settings
+            make_runner(
+                oracle_spec(PINNED, req.suite), req.model, RunnerContext(run_dir=ws.runs, name="oracle")
+            ),
+            prepared.settings,
         )
         assert isinstance(oracle, ServesOpenAI)
         try:
@@ -247,12 +259,12 @@ class ApiKind:
             )
         ctx = ran.ctx
         verdicts = judge(ctx, ran.probes, ran.oracle, ran.candidate)
-        contracts = {}
-        if "logprobs" in facets:
-            contracts = {
-                "oracle": dict(table(ref, ran.oracle, ctx.settings)),
-                "candidate": dict(table(ref, ran.candidate, ctx.settings)),
-            }
+        contracts: dict[str, dict[str, Any]] = {"oracle": {}, "candidate": {}}
+        for side, obs in (("oracle", ran.oracle), ("candidate", ran.candidate)):
+            if "logprobs" in facets:
+                contracts[side].update(table(ref, obs, ctx.settings))
+            if "logprob_values" in facets:
+                contracts[side].update(kinds(ref, obs, ctx.settings))
         info = ran.info or engine_info(prepared.runner, req.candidate)
         extra: dict[str, Any] = {
             "api": {
@@ -263,6 +275,12 @@ class ApiKind:
                 else {},
                 "rules": {f: FACETS.get(f).rule for f in facets},
                 "logprob_contract": contracts,
+                "schema": {
+                    "oracle": findings(ran.probes, ran.oracle),
+                    "candidate": findings(ran.probes, ran.candidate),
+                }
+                if "schema" in facets
+                else {},
                 "evidence": _evidence(verdicts),
                 "findings": [f"{v.case_id}: {v.summary}" for v in verdicts if v.status == "fail"],
                 "probes": [p.to_json() for p in ran.probes],
@@ -309,5 +327,6 @@ def _summary(suite: str, verdicts: list[Verdict], controls: tuple[Control, ...])
 register_kind(
     ApiKind(),
     help="the OpenAI API surface against the pinned vLLM server: templates, streaming, "
-    "stop, detokenization, structured output, tools, logprobs, robustness",
+    "stop, detokenization, structured output, tools, logprobs and their values, the wire schema, "
+    "robustness",
 )

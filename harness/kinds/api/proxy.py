@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +34,13 @@ class Fault:
     """(request, the ``data:`` payloads) -> the payloads sent back."""
     dies_on: Callable[[Json], bool] | None = None
     """After a request this matches, the proxy answers nothing, ever (a dead server)."""
+    on: str | None = None
+    """The facet whose requests it alters (default: ``facet``, the row it must fail or pass); ``*``:
+    every request (a tool call's arguments arrive in the tools facet's replies, the wire schema row
+    judges them)."""
+
+    def alters(self, facet: str | None) -> bool:
+        return self.on == "*" or facet == (self.on or self.facet)
 
 
 def _choice0(reply: Json) -> Json:
@@ -105,9 +113,90 @@ def _no_generation_prompt(req: Json) -> Json:
     return {**req, "add_generation_prompt": False}
 
 
+def _as_assistant(req: Json, reply: Json) -> Json:
+    """A server that forgets the generation prompt still answers as the assistant (vLLM itself answers
+    ``add_generation_prompt: false`` with the last turn's role, a wire-schema deviation of its own)."""
+    for ch in reply.get("choices") or []:
+        if isinstance(ch, dict) and isinstance(ch.get("message"), dict):
+            ch["message"]["role"] = "assistant"
+    return reply
+
+
+def _arguments_as_object(req: Json, reply: Json) -> Json:
+    for tc in (_choice0(reply).get("message") or {}).get("tool_calls") or []:
+        tc["function"]["arguments"] = json.loads(tc["function"]["arguments"])
+    return reply
+
+
+def _renormalize_chat(req: Json, reply: Json) -> Json:
+    """Chat logprobs shifted so that each position's ``top_logprobs`` sum to 1 (every logprob moved by
+    the log of the mass the returned entries hold)."""
+    if "messages" not in req:
+        return reply
+    for pos in (_choice0(reply).get("logprobs") or {}).get("content") or []:
+        top = [t["logprob"] for t in pos.get("top_logprobs") or []]
+        if not top:
+            continue
+        m = max(top)
+        shift = m + math.log(sum(math.exp(x - m) for x in top))
+        pos["logprob"] -= shift
+        for t in pos["top_logprobs"]:
+            t["logprob"] -= shift
+    return reply
+
+
+def reversed_keys(v: Any) -> Any:
+    """Every object's keys in reverse order (JSON objects are unordered), but for the completions
+    route's ``top_logprobs`` maps, whose listing order the logprob contract records."""
+    if isinstance(v, dict):
+        return {k: v[k] if k == "top_logprobs" else reversed_keys(v[k]) for k in reversed(list(v))}
+    if isinstance(v, list):
+        return [reversed_keys(x) for x in v]
+    return v
+
+
+def respaced_arguments(req: Json, reply: Json) -> Json:
+    """Tool-call arguments re-serialized with other whitespace (the same JSON value)."""
+    for tc in (_choice0(reply).get("message") or {}).get("tool_calls") or []:
+        tc["function"]["arguments"] = json.dumps(json.loads(tc["function"]["arguments"]), indent=1)
+    return reply
+
+
+def extra_field(reply: Json) -> Json:
+    """A field beyond the published types on the body, each choice and each message or delta."""
+    out = {**reply, "x_server_extra": {"note": "beyond the spec"}}
+    for ch in out.get("choices") or []:
+        if isinstance(ch, dict):
+            ch["x_server_extra"] = 1
+            for k in ("message", "delta"):
+                if isinstance(ch.get(k), dict):
+                    ch[k]["x_server_extra"] = True
+    return out
+
+
+def _respelled(req: Json, reply: Json) -> Json:
+    return reversed_keys(extra_field(respaced_arguments(req, reply)))
+
+
+def _respelled_stream(req: Json, payloads: list[str]) -> list[str]:
+    out = []
+    for p in payloads:
+        try:
+            ev = json.loads(p)
+        except json.JSONDecodeError:
+            out.append(p)
+            continue
+        out.append(json.dumps(reversed_keys(extra_field(ev)) if isinstance(ev, dict) else ev))
+    return out
+
+
 FAULTS: tuple[Fault, ...] = (
     Fault(
-        "template rendered without the generation prompt", "template", "fail", request=_no_generation_prompt
+        "template rendered without the generation prompt",
+        "template",
+        "fail",
+        request=_no_generation_prompt,
+        reply=_as_assistant,
     ),
     Fault("a stream missing its last delta", "streaming", "fail", stream=_drop_last_delta),
     Fault("a stop string cut one character late", "stop", "fail", reply=_stop_late),
@@ -116,6 +205,27 @@ FAULTS: tuple[Fault, ...] = (
     Fault("a tool call with an argument changed", "tools", "fail", reply=_change_argument),
     Fault("a tool call with its argument keys reordered", "tools", "pass", reply=_reorder_keys),
     Fault("top_logprobs without the sampled token", "logprobs", "fail", reply=_drop_sampled),
+    Fault(
+        "chat logprobs renormalized over the returned top_logprobs",
+        "logprob_values",
+        "fail",
+        reply=_renormalize_chat,
+    ),
+    Fault(
+        "tool-call arguments sent as a JSON object, not a string",
+        "schema",
+        "fail",
+        reply=_arguments_as_object,
+        on="tools",
+    ),
+    Fault(
+        "every reply re-spelled: keys reversed, arguments re-spaced, a field beyond the spec",
+        "schema",
+        "pass",
+        reply=_respelled,
+        stream=_respelled_stream,
+        on="*",
+    ),
     Fault(
         "a server that dies on an empty prompt",
         "robustness",
@@ -162,7 +272,7 @@ def proxy(upstream: str, fault: Fault) -> Iterator[str]:
                 return
             n = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(n) if n else b""
-            ours = self.headers.get(FACET_HEADER) == fault.facet
+            ours = fault.alters(self.headers.get(FACET_HEADER))
             try:
                 req = json.loads(raw) if raw else {}
             except json.JSONDecodeError:

@@ -41,6 +41,9 @@ class Reference:
     folder: Path
     tokenizer: Any = None
     _model: Any = field(default=None, repr=False)
+    _rows: dict[tuple[tuple[int, ...], tuple[int, ...]], list[list[float]]] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -83,7 +86,14 @@ class Reference:
         return sorted(int(t) for t in self.tokenizer.all_special_ids)
 
     def raw_logprobs(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[list[float]]:
-        """Per continuation position, the full raw log-softmax row before that token (float32)."""
+        """Per continuation position, the full raw log-softmax row before that token (float32); each
+        sequence is computed once (every planted control judges the same replies again)."""
+        key = (tuple(prompt), tuple(continuation))
+        if key not in self._rows:
+            self._rows[key] = self._forward(prompt, continuation)
+        return self._rows[key]
+
+    def _forward(self, prompt: Sequence[int], continuation: Sequence[int]) -> list[list[float]]:
         import torch
 
         if self._model is None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from harness.abilities import Endpoint
 from harness.api import Verdict
 from harness.kinds.api.facets import FACETS, Context, Observed, Probe, comparator
-from harness.kinds.api.facets.base import completion
+from harness.kinds.api.facets.base import JudgesEveryExchange, completion
 from harness.kinds.api.observe import observe
 from harness.kinds.api.proxy import Fault, proxy
 from harness.kinds.api.views import view
@@ -35,8 +35,9 @@ def plan(ctx: Context) -> list[Probe]:
 def judge(ctx: Context, probes: Sequence[Probe], oracle: Observed, candidate: Observed) -> list[Verdict]:
     out: list[Verdict] = []
     for f in ctx.settings.facets:
-        mine = [p for p in probes if p.facet == f]
-        out += FACETS.get(f).judge(ctx, mine, oracle, candidate)
+        facet = FACETS.get(f)
+        mine = list(probes) if isinstance(facet, JudgesEveryExchange) else [p for p in probes if p.facet == f]
+        out += facet.judge(ctx, mine, oracle, candidate)
     return out
 
 

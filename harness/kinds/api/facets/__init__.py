@@ -3,8 +3,10 @@ sends them (robustness last: its requests may kill the server)."""
 
 from harness.kinds.api.facets import (  # noqa: F401 - each module registers its facet
     detokenization,
+    logprob_values,
     logprobs,
     robustness,
+    schema,
     stop,
     streaming,
     structured,

@@ -68,6 +68,9 @@ class Context:
     """The model's context as the servers run it."""
     managed: bool = True
     """Requests that might kill a server may be sent (robustness)."""
+    dtype: str = "float32"
+    """The servers' dtype (the suite's ``[oracle] dtype``): logprob values hold within the cross-device
+    tolerance and against the float32 reference in float32 only."""
 
 
 Observed = Mapping[str, Exchange]
@@ -90,6 +93,14 @@ class Facet(Protocol):
         """One verdict per probe (or group of probes): the candidate against the oracle and the
         reference. Never raises for a bad reply: that is a failing verdict naming it."""
         ...
+
+
+@runtime_checkable
+class JudgesEveryExchange(Protocol):
+    """A facet that judges the replies to every facet's probes, not only its own (the wire schema):
+    its ``judge`` receives all the probes of the run."""
+
+    every_exchange: ClassVar[bool]
 
 
 FACETS: Registry[Facet] = Registry("API facet")

@@ -10,6 +10,7 @@ pipeline that uses them.
                           follows a failing ``harness gate``
 * :mod:`.localize_sweep`  the planted proof as a sweep (``benchmarks/localize_sweep.py``)
 * :mod:`.sampling`        ``harness sampling``
+* :mod:`.rl`              ``harness rl`` (the RL weight-sync gate, its planted controls)
 * :mod:`.bisect`          ``harness bisect``
 * :mod:`.repin`           ``harness repin``
 * :mod:`.fleet`           ``harness plan``, ``harness pin``, ``harness merge`` (the fleet)
@@ -17,8 +18,8 @@ pipeline that uses them.
 
 from __future__ import annotations
 
-from harness.commands import bisect, fleet, localize, repin, sampling
+from harness.commands import bisect, fleet, localize, repin, rl, sampling
 
 SUBCOMMANDS = (*localize.SUBCOMMANDS, *bisect.SUBCOMMANDS, *repin.SUBCOMMANDS, *sampling.SUBCOMMANDS,
-               *fleet.SUBCOMMANDS)
+               *rl.SUBCOMMANDS, *fleet.SUBCOMMANDS)
 """Every subcommand these modules declare, in the order ``harness --help`` lists them."""

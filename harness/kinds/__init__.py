@@ -6,7 +6,7 @@ the pipeline (:mod:`harness.pipeline`) runs them and builds the one record. A ne
 that registers itself with :func:`~harness.kinds.base.register_kind` and one import below.
 """
 
-from harness.kinds import ab, api, invariance, kv_roundtrip, localize, parity, sampling  # noqa: F401 - they register
+from harness.kinds import ab, api, invariance, kv_roundtrip, localize, parity, rl, sampling  # noqa: F401 - they register
 from harness.kinds.base import KINDS, GateKind, GateRequest, Judgement, register_kind
 from harness.kinds.summary import SUMMARIES, is_summary
 from harness.records import Record

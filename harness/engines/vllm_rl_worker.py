@@ -109,7 +109,51 @@ def _update(llm: Any, step: dict) -> dict[str, Any]:
     llm.finish_weight_update(weight_version=str(step["version"]))
     seconds = time.perf_counter() - t0
     received = llm.collective_rpc(vllm_rl_backend.received)[0]
-    return {"update_s": seconds, "received": received}
+    return {
+        "update_s": seconds,
+        "received": received,
+        "memcpy_s": _memcpy_s(sum(r["bytes"] for r in received)),
+    }
+
+
+def _memcpy_s(nbytes: int) -> float | None:
+    """Seconds to copy ``nbytes`` in memory once (the floor an update's transfer is set beside)."""
+    if nbytes <= 0:
+        return None
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    t0 = time.perf_counter()
+    dst.copy_(src)
+    return time.perf_counter() - t0
+
+
+def official_routes(model: str, engine: dict[str, Any]) -> list[dict[str, str]]:
+    """vLLM's own way to return routed experts (``enable_return_routed_experts``, what NeMo-RL's
+    routing replay reads), asked for as a user would, as it is and with the model runner it names:
+    what its configuration answers, in its words."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    keep = {
+        k: v
+        for k, v in engine.items()
+        if k in ("dtype", "block_size", "max_model_len", "seed", "enforce_eager", "enable_prefix_caching")
+    }
+    out = []
+    for env in ({}, {"VLLM_USE_V2_MODEL_RUNNER": "1"}):
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            EngineArgs(model=model, enable_return_routed_experts=True, **keep).create_engine_config()
+            answer = "accepted"
+        except Exception as e:  # noqa: BLE001 - the refusal is the finding
+            answer = f"{type(e).__name__}: {e}"
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        out.append({"env": " ".join(f"{k}={v}" for k, v in env.items()) or "(none)", "answer": answer[:500]})
+    return out
 
 
 def run_session(llm: Any, req: dict[str, Any]) -> tuple[list[dict], dict[str, float]]:
@@ -165,15 +209,13 @@ def main(request_path: str, result_path: str) -> int:
 
         start_s = time.perf_counter() - t0
         lines, timings = run_session(llm, req)
-        worker_lines.write_result(
-            out,
-            {
-                "version": vllm.__version__,
-                "backend": vllm_rl_backend.BACKEND,
-                "timings": {"engine_start_s": start_s, **timings},
-            },
-            lines,
-        )
+        official = official_routes(req["model"], req["engine"]) if req.get("routes") else None
+        meta = {
+            "version": vllm.__version__,
+            "backend": vllm_rl_backend.BACKEND,
+            "timings": {"engine_start_s": start_s, **timings},
+        }
+        worker_lines.write_result(out, {**meta, **({"official_routes": official} if official else {})}, lines)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -140,3 +140,13 @@ def parse(suite: Suite) -> RLSettings:
                 f"[{TABLE}] shared_tokens {s.shared_tokens}"
             )
     return s
+
+
+VERDICTS = ("rl_sync", "rl_growth", "rl_identity", "rl_weights", "rl_version", "rl_routing", "rl_control")
+
+
+def verdict_names(raw: Mapping[str, Any]) -> list[str]:
+    """Every verdict name a run of the raw suite can give (FEATURES.md rows name them)."""
+    table = raw.get(TABLE)
+    bars = table.get("bars") if isinstance(table, Mapping) else None
+    return [*VERDICTS, *(f"rl.{k}" for k in (bars if isinstance(bars, Mapping) else {}))]

@@ -176,6 +176,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
                 "reset_prefix_cache": line.get("reset_prefix_cache"),
                 "num_cached_tokens": cached,
                 "update_s": line.get("update_s"),
+                "memcpy_s": line.get("memcpy_s"),
                 "received": [
                     {"names": len(x["names"]), "bytes": x["bytes"]} for x in line.get("received", [])
                 ],
@@ -201,7 +202,9 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
             "main_value": main,
             "dropped_tensor": drop_name,
             "engine_meta": {
-                k: v for k, v in ran.session.meta.items() if k in ("version", "backend", "timings")
+                k: v
+                for k, v in ran.session.meta.items()
+                if k in ("version", "backend", "timings", "official_routes")
             },
             **({"routing": routing} if routing else {}),
         }

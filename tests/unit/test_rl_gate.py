@@ -316,3 +316,22 @@ def test_a_planted_fault_counts_only_when_the_gate_fails_for_its_reason() -> Non
     assert ctl.detection("not_applied", [weights, version], None).status == "pass"
     cs = ctl.detection_controls("no_reset", [sync0, sync1], None)
     assert cs and all(c.ok for c in cs)
+
+
+def test_routing_replay_in_the_trainer_is_exact_for_its_own_routes(tmp_path: Path) -> None:
+    """R3 in the trainer: replaying the routes it chose itself changes no logit beyond float
+    reassociation (an expert's tokens are gathered in another order); all-zero routes do."""
+    from harness.kinds.rl.trainer import hf_score
+    from harness.workspace import Workspace
+
+    folder = Workspace.default().models / "tiny-qwen3-moe"
+    seqs = [(list(range(4, 40)), [5, 6, 7, 8])]
+    logits, routes = hf_score(folder, seqs, "float32")
+    assert sorted(routes[0]) == [0, 1] and routes[0][0].shape == (40, 2)
+    again, _ = hf_score(folder, seqs, "float32", [routes[0]])
+    assert np.allclose(again[0], logits[0], atol=1e-4, rtol=0)
+    zero, _ = hf_score(folder, seqs, "float32", [{k: np.zeros_like(v) for k, v in routes[0].items()}])
+    assert not np.allclose(zero[0], logits[0])
+    partial = {k: np.where(np.arange(len(v))[:, None] < 20, -1, v) for k, v in routes[0].items()}
+    kept, _ = hf_score(folder, seqs, "float32", [partial])  # -1: the trainer's own choice
+    assert np.allclose(kept[0], logits[0], atol=1e-4, rtol=0)

@@ -89,9 +89,9 @@ def run_session(
     ledger.record(
         "vllm", model_name, (done.meta.get("timings") or {}).get("engine_start_s"), ok=True, python=python
     )
-    steps_out = tuple(d for d in done.lines if d.get("kind") == "step")
+    steps_out = tuple(d for d in done.body if d.get("kind") == "step")
     cases: dict[int, list[Mapping[str, Any]]] = {}
-    for d in done.lines:
+    for d in done.body:
         if d.get("kind") == "case":
             cases.setdefault(int(d["step"]), []).append(d)
     if len(steps_out) != len(steps):

@@ -42,7 +42,7 @@ def run_session(
     steps: Sequence[Mapping[str, Any]],
     sampling: Mapping[str, Any],
     work: Path,
-    routes: bool,
+    routes: Mapping[str, int] | None,
     timeout_s: float,
     python: str | None = None,
 ) -> Session:

@@ -61,8 +61,9 @@ def weights(worker: Any, path: str) -> dict[str, str]:
     return how
 
 
-def install_routes(worker: Any) -> list[int]:
-    """Hook every MoE block's router; the layer indices hooked (empty: no MoE block)."""
+def install_routes(worker: Any, top_k: int) -> list[int]:
+    """Hook every MoE block's router (``top_k``: experts per token, the config's
+    ``num_experts_per_tok``); the layer indices hooked (empty: no MoE block)."""
     model = _model(worker)
     state: dict[str, Any] = {"armed": False, "rows": {}}
     worker.harness_routes = state
@@ -72,7 +73,6 @@ def install_routes(worker: Any) -> list[int]:
         experts = getattr(getattr(layer, "mlp", None), "experts", None)
         if gate is None or experts is None:
             continue
-        top_k = int(getattr(experts, "top_k", 0) or getattr(layer.mlp, "top_k", 0))
 
         def hook(module: Any, args: tuple, output: Any, i: int = i, k: int = top_k) -> None:
             if state["armed"]:

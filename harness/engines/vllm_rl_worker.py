@@ -12,9 +12,10 @@ again as ``__mp_main__``, so the backend is in its factory too), and then, step 
 3. seeded rollouts, every request in one ``generate`` call;
 4. the evidence: vLLM's own per-tensor checksums, the engine's reported weight version, what the
    backend loaded, and the harness's tap on the engine's weights (:mod:`harness.engines.vllm_rl_taps`);
-5. with ``routes``, one prefill per rollout (prompt + sampled tokens) with the routers tapped.
+5. with ``routes``, on its step: one prefill per rollout (prompt + sampled tokens; the prefix cache reset
+   before each, so that every position is computed) with the routers tapped.
 
-REQUEST.json: {"model", "engine": {LLM kwargs}, "init_info": {...}, "tap_dir", "routes": bool,
+REQUEST.json: {"model", "engine": {LLM kwargs}, "init_info": {...}, "tap_dir", "routes": {"top_k", "step"},
 "sampling": {"temperature", "top_p", "max_tokens"}, "steps": [{"index", "version", "update":
 {"path", "names", "apply"} | null, "reset_prefix_cache": bool, "rollouts": [{"id", "prompt_ids",
 "seed"}]}]}. RESULT.jsonl (:mod:`harness.engines.worker_lines`): the meta line, then per step one
@@ -92,6 +93,7 @@ def _routes(llm: Any, sp_cls: Any, cases: list[dict], rollouts: list[dict]) -> d
     sp = sp_cls(temperature=0.0, max_tokens=1, detokenize=False)
     for c in cases:
         ids = prompts[c["id"]] + list(c["token_ids"])[:-1]
+        llm.reset_prefix_cache()  # every position computed, none served from the cache
         llm.collective_rpc(vllm_rl_taps.arm_routes)
         res = llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0]
         got = llm.collective_rpc(vllm_rl_taps.take_routes)[0]
@@ -161,7 +163,12 @@ def run_session(llm: Any, req: dict[str, Any]) -> tuple[list[dict], dict[str, fl
 
     timings = {"update_s": 0.0, "rollout_s": 0.0, "tap_s": 0.0, "routes_s": 0.0}
     lines: list[dict] = []
-    route_layers = llm.collective_rpc(vllm_rl_taps.install_routes)[0] if req.get("routes") else []
+    routes = req.get("routes") or {}
+    route_layers = (
+        llm.collective_rpc(vllm_rl_taps.install_routes, args=(int(routes.get("top_k", 0)),))[0]
+        if routes
+        else []
+    )
     os.makedirs(req["tap_dir"], exist_ok=True)
     for step in req["steps"]:
         k = int(step["index"])
@@ -183,7 +190,7 @@ def run_session(llm: Any, req: dict[str, Any]) -> tuple[list[dict], dict[str, fl
         path = os.path.join(req["tap_dir"], f"weights-{k}.safetensors")
         info["tap"] = {"path": path, "how": llm.collective_rpc(vllm_rl_taps.weights, args=(path,))[0]}
         timings["tap_s"] += time.perf_counter() - t0
-        if route_layers:
+        if route_layers and k == int(routes.get("step", 0)):
             t0 = time.perf_counter()
             info["routes"] = _routes(llm, SamplingParams, cases, step["rollouts"])
             info["route_layers"] = route_layers

@@ -99,6 +99,7 @@ class RLKind:
             control,
             moe=bool(cfg.get("num_experts")),
             tied=bool(cfg.get("tie_word_embeddings", False)),
+            top_k=int(cfg.get("num_experts_per_tok") or 0),
         )
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
@@ -127,7 +128,7 @@ class RLKind:
                 steps,
                 sampling,
                 p.run_dir / "engine",
-                p.moe,
+                {"top_k": p.top_k, "step": 0} if p.moe else None,
                 START_TIMEOUT_S,
             )
         except (EngineRefused, EngineFailed) as e:

@@ -106,6 +106,8 @@ class Prepared:
     control: str | None
     moe: bool
     tied: bool
+    top_k: int = 0
+    """Experts per token (a MoE model's ``num_experts_per_tok``)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

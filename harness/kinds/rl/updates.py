@@ -167,6 +167,16 @@ def _sha256(t: Any) -> str:
     return hashlib.sha256(t.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
 
 
+def _resolve(place: Place, engine_names: set[str]) -> Place:
+    """vLLM's name for the place where it differs from the plain layout: a MoE layer's expert stacks
+    live under ``mlp.experts.routed_experts.`` in 0.32 (``mlp.experts.`` elsewhere)."""
+    if place.param in engine_names or ".experts." not in place.param:
+        return place
+    head, _, leaf = place.param.rpartition(".")
+    found = sorted(n for n in engine_names if n.startswith(head + ".") and n.endswith("." + leaf))
+    return Place(found[0], place.start, place.stop, place.expert) if len(found) == 1 else place
+
+
 def arrivals(
     sent: str | Path,
     previous: str | Path | None,
@@ -194,6 +204,8 @@ def arrivals(
         out = []
         for name, place in view.items():
             s = fs.get_tensor(name)
+            fused_with = len(by_param[place.param])
+            place = _resolve(place, engine_names)
             if place.param not in engine_names:
                 out.append(Arrival(name, place, float("inf"), float(s.abs().max()), "absent", "absent"))
                 continue
@@ -206,7 +218,7 @@ def arrivals(
             got = vllm_sums.get(place.param)
             if got == EMPTY_SHA256:
                 ck = "vacuous"
-            elif len(by_param[place.param]) > 1 or got is None:
+            elif fused_with > 1 or got is None:
                 ck = "fused" if got is not None else "absent"
             else:
                 ck = "agrees" if got == _sha256(s) else "differs"

@@ -131,6 +131,8 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
     steps_json = []
     all_arrivals: list[Any] = []
     prev_version: str | None = None
+    processed: set[str] = set()
+    layout: list[dict[str, Any]] = []
     step_lines = {int(d["index"]): d for d in ran.session.steps}
     tokens: dict[int, list[tuple[int, ...]]] = {}
     for plan in p.plans:
@@ -160,6 +162,20 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
             line["tap"]["how"],
             line.get("checksums") or {},
         )
+        if k == 0:  # parameters that do not hold the checkpoint's values as vLLM loaded it: a layout
+            # its post-load processing made (on a CPU, a MoE layer's expert stacks); judged by the
+            # figures, not by their bytes
+            processed = {a.name for a in arr if a.read == "param" and not a.arrived(p.s.weight_tol)}
+        if processed:
+            layout.append(
+                {
+                    "step": k,
+                    "hold_what_was_sent": sorted(
+                        a.name for a in arr if a.name in processed and a.arrived(p.s.weight_tol)
+                    ),
+                }
+            )
+        arr = [a for a in arr if a.name not in processed]
         all_arrivals = all_arrivals or arr
         verdicts.append(jd.judge_weights(k, arr, p.s))
         verdicts.append(jd.judge_version(k, str(k), line.get("weight_version"), prev_version))
@@ -200,6 +216,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
             "steps": steps_json,
             "main_figure": jd.MAIN,
             "main_value": main,
+            "processed_layout": {"tensors": sorted(processed), "by_step": layout} if processed else None,
             "dropped_tensor": drop_name,
             "engine_meta": {
                 k: v

@@ -123,7 +123,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
             summary=f"{req.suite.name}: {vs[0].status.upper()} ({vs[0].summary[:200]})",
             timings=dict(ran.timings),
             extra={"rl": base_extra},
-            reference={"role": "trainer", "spec": p.trainer_name},
+            reference=_trainer_ref(p),
         )
     verdicts: list[Verdict] = []
     controls: list[Any] = []
@@ -235,8 +235,26 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         summary=_summary(req.suite.name, p, per_step, verdicts, main),
         timings=dict(ran.timings),
         extra=extra,
-        reference={"role": "trainer", "spec": p.trainer_name, "dtype": p.trainer_dtype},
+        reference=_trainer_ref(p),
     )
+
+
+def _trainer_ref(p: Prepared) -> dict[str, Any]:
+    """The record's reference side: the trainer, its engine and the dtype it scored in."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tv = version("transformers")
+    except PackageNotFoundError:
+        tv = "unknown"
+    builtin = p.trainer_name == "hf"
+    return {
+        "role": "trainer",
+        "spec": p.trainer_name,
+        "engine": "transformers" if builtin else p.trainer_name,
+        "version": tv if builtin else "user trainer",
+        "dtype": p.trainer_dtype,
+    }
 
 
 def _checksum_table(arr: Sequence[Any]) -> dict[str, str]:

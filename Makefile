@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check site site-test ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load kv-faults bisect repin sampling api
+.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check site site-test ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load kv-faults bisect repin sampling api rl
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -162,6 +162,15 @@ sampling: venv
 	$(BIN)/harness sampling --model '$(MODEL)' \
 		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),sampling)' \
 		$(foreach c,$(CANDIDATE),--candidate '$(c)')
+
+# RL weight sync (docs/rl.md): trainer vs rollout across in-place weight updates of one running vLLM,
+# MoE routing parity. CONTROL: a planted fault as its own run (no_reset, drop_tensor, not_applied,
+# trainer_dtype) or all (the clean run, then each, with the separations). TRAINER=module:callable.
+rl: venv
+	$(BIN)/harness rl --model '$(MODEL)' \
+		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),rl)' \
+		$(if $(CANDIDATE),--candidate '$(CANDIDATE)') $(if $(CONTROL),--control '$(CONTROL)') \
+		$(if $(TRAINER),--trainer '$(TRAINER)') $(if $(DTYPE),--dtype '$(DTYPE)')
 
 # The OpenAI API surface against the pinned vLLM's own server (docs/api.md). CANDIDATE: one spec
 # (default: the pinned vllm-server against itself; vllm-server@0.31.0, llamacpp, openai:<url>).

@@ -125,6 +125,10 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
         from harness.kinds.sampling.settings import verdict_names as sampling_verdicts
 
         return sampling_verdicts(raw)
+    if raw.get("kind") == "rl":  # its judges, and one verdict per barred figure
+        from harness.kinds.rl.settings import verdict_names as rl_verdicts
+
+        return rl_verdicts(raw)
     if raw.get("kind") == "api":  # one comparator per facet of its [api] table
         api = raw.get("api")
         facets = api.get("facets") if isinstance(api, dict) else None

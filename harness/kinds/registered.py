@@ -10,6 +10,7 @@ from harness.kinds.invariance import kind as invariance  # noqa: F401 - it regis
 from harness.kinds.kv import kind as kv_roundtrip  # noqa: F401 - it registers
 from harness.kinds.localize import kind as localize  # noqa: F401 - it registers
 from harness.kinds.parity import kind as parity  # noqa: F401 - it registers
+from harness.kinds.rl import kind as rl  # noqa: F401 - it registers
 from harness.kinds.sampling import kind as sampling  # noqa: F401 - it registers
 from harness.kinds.summary import SUMMARIES, is_summary
 from harness.records import Record

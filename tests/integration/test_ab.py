@@ -2,9 +2,10 @@
 where the CPU lacks AVX-512), a configuration vLLM refuses everywhere, and transformers' quantized KV
 cache vs the plain one.
 
-vLLM engine starts (≈1 min each on 2 cores): arm A once (shared), bf16, fp8, and one refusal
-(which vLLM reaches after about a minute of start-up); the session's engine pool keeps them up, so
-test_full_vocab_vllm runs on arm A's engine and test_gate_smoke gets the refusal without a start.
+vLLM engine starts (≈1 min each on 2 cores): bf16 and one refusal (which vLLM reaches after about a
+minute of start-up); arm A is test_full_vocab_vllm's engine (the same configuration, served by the
+session's engine pool), and test_gate_smoke gets the refusal without a start. The fp8 arm is opt-in
+(``-m ab_fp8``: one more start).
 """
 
 from __future__ import annotations
@@ -102,8 +103,14 @@ def _has_avx512() -> bool:
         return False
 
 
+@pytest.mark.ab_fp8
 def test_vllm_fp8_kv_cache_is_measured_or_refused_with_the_engines_reason(ws: Workspace,
                                                                            vllm_a: Arm) -> None:
+    """Opt-in (``pytest -m ab_fp8``): one more engine start for what the default run already holds
+    (an A/B arm's KV capacity measured: the bf16 test; a B arm vLLM refuses: the block-size test).
+    Its committed record: reports/records/tiny-llama/ab_smoke/
+    20261130T022649Z_0c480c235e_ab-vllm-kv-cache-dtype-fp8_c7afdd.json (4/4 near-tie, KV capacity B/A
+    4.00 on an AVX-512 CPU)."""
     a, b = arms(ws, "vllm", "vllm:kv_cache_dtype=fp8", a=vllm_a)
     rec = run_ab(ws, "tiny-llama", SUITE, "vllm", "vllm:kv_cache_dtype=fp8", arms=(a, b)).record
     if not _has_avx512():  # measured on an AVX2-only CPU: "FP8 KV cache on CPU requires ... AVX-512"

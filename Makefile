@@ -38,7 +38,7 @@ help:
 	@echo "make api MODEL=tiny-qwen3 [CANDIDATE=llamacpp]  the OpenAI API surface against vLLM's server"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
 	@echo "make venv [INSTALLER=pip]                                 the project's venv (uv, pip where uv cannot); stamp .venv/.installed"
-	@echo "make test                                                 the project's tests, both tiers (what CI runs)"
+	@echo "make test                                                 the project's tests, both tiers (what CI runs; unit in parallel)"
 	@echo "make test-unit [WORKERS=auto]                             the unit tier: tests/unit, no engine start (minutes)"
 	@echo "make record MODEL=... SUITE=...                           (re-)record goldens with the pinned vLLM"
 	@echo "make list                                                 models, suites, candidates"
@@ -97,9 +97,18 @@ show: venv
 
 # pytest exits 5 when it collects no test: that is a failure here, as it is in CI.
 # Two tiers: tests/unit starts no engine (tests/unit/conftest.py fails a test there that does),
-# tests/integration runs real engines (every test there is marked `integration`).
+# tests/integration runs real engines (every test there is marked `integration`). The unit tier runs
+# in parallel (one pytest-xdist worker a core), then the integration tier in one process (its engines
+# are shared within one session); both run, and the make fails if either did. With PYTEST_ARGS: one
+# session of exactly those arguments (`make test PYTEST_ARGS=tests/integration/test_speed.py`).
 test: venv
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(BIN)/python -m pytest tests/unit -n $(WORKERS); unit=$$?; \
+	$(BIN)/python -m pytest tests/integration; integration=$$?; \
+	test $$unit -eq 0 || exit $$unit; exit $$integration
+else
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+endif
 
 # The unit tier in parallel, one pytest-xdist worker a core (WORKERS=0: in one process).
 test-unit: venv

@@ -11,7 +11,8 @@ explanation when the outcome is not ``pass``. ``--parity-root`` points at a harn
 
 Every session counts the engines it starts (:mod:`harness.engines.launch.ledger`): ``$HARNESS_ENGINE_LEDGER``
 points at a file for the session (unless already set), and the terminal summary ends with the count
-(``engine starts: 0`` included), the seconds spent starting them and which test files paid for them.
+(``engine starts: 0`` included), the seconds spent starting them, which test files paid for them and
+which engines (kind and model) they were; above it, the ten slowest tests (setup, call and teardown).
 
 ``pytest --harness-matrix fleet.toml [--harness-shard I/N] [--harness-device cpu|cuda|all]`` makes
 every entry of the matrix file (of this machine's device kind, of shard I of N) one pytest item:
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,8 @@ def _workspace(config: pytest.Config) -> Workspace:
     return Workspace(Path(root).resolve()) if root else Workspace.default()
 
 
+SLOWEST = 10
+"""How many of the slowest tests the terminal summary names."""
 LEDGER = pytest.StashKey[str]()  # the session's ledger file
 OWN_LEDGER = pytest.StashKey[bool]()  # made for this session (deleted at its end), not named by a caller
 
@@ -128,7 +131,23 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args.append(str(path))
 
 
+def slowest(reports: Iterable[Any], n: int = SLOWEST) -> list[tuple[float, str]]:
+    """The ``n`` tests that took longest, each as (seconds, node id), longest first: setup, call and
+    teardown added up (a module fixture's engine start counts for the test that first asked for it)."""
+    total: dict[str, float] = {}
+    for r in reports:
+        if getattr(r, "when", None) in ("setup", "call", "teardown") and hasattr(r, "duration"):
+            total[r.nodeid] = total.get(r.nodeid, 0.0) + float(r.duration)
+    return sorted(((s, node) for node, s in total.items()), key=lambda x: (-x[0], x[1]))[:n]
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    reports = [r for group in terminalreporter.stats.values() for r in group]
+    top = slowest(reports)
+    if top:
+        terminalreporter.section(f"slowest {len(top)} tests")
+        for seconds, node in top:
+            terminalreporter.write_line(f"{seconds:8.1f} s  {node}")
     path = session_ledger(config)
     if not path:
         return

@@ -2,9 +2,10 @@
 where the CPU lacks AVX-512), a configuration vLLM refuses everywhere, and transformers' quantized KV
 cache vs the plain one.
 
-vLLM engine starts (≈1 min each on 2 cores): arm A once (shared), bf16, fp8, and one refusal
-(which vLLM reaches after about a minute of start-up); the session's engine pool keeps them up, so
-test_full_vocab_vllm runs on arm A's engine and test_gate_smoke gets the refusal without a start.
+vLLM engine starts (≈1 min each on 2 cores): bf16 and one refusal (which vLLM reaches after about a
+minute of start-up); arm A is test_full_vocab_vllm's engine (the same configuration, served by the
+session's engine pool), and test_gate_smoke gets the refusal without a start. The fp8 arm is opt-in
+(``-m ab_fp8``: one more start), and so is transformers' quantized KV cache (``-m ab_quantized_kv``).
 """
 
 from __future__ import annotations
@@ -102,8 +103,14 @@ def _has_avx512() -> bool:
         return False
 
 
+@pytest.mark.ab_fp8
 def test_vllm_fp8_kv_cache_is_measured_or_refused_with_the_engines_reason(ws: Workspace,
                                                                            vllm_a: Arm) -> None:
+    """Opt-in (``pytest -m ab_fp8``): one more engine start for what the default run already holds
+    (an A/B arm's KV capacity measured: the bf16 test; a B arm vLLM refuses: the block-size test).
+    Its committed record: reports/records/tiny-llama/ab_smoke/
+    20261130T022649Z_0c480c235e_ab-vllm-kv-cache-dtype-fp8_c7afdd.json (4/4 near-tie, KV capacity B/A
+    4.00 on an AVX-512 CPU)."""
     a, b = arms(ws, "vllm", "vllm:kv_cache_dtype=fp8", a=vllm_a)
     rec = run_ab(ws, "tiny-llama", SUITE, "vllm", "vllm:kv_cache_dtype=fp8", arms=(a, b)).record
     if not _has_avx512():  # measured on an AVX2-only CPU: "FP8 KV cache on CPU requires ... AVX-512"
@@ -128,7 +135,15 @@ def test_a_configuration_vllm_refuses_becomes_a_refused_record(ws: Workspace, vl
     assert "distribution" not in res.record.extra
 
 
+@pytest.mark.ab_quantized_kv
 def test_transformers_quantized_kv_cache_against_the_plain_cache(ws: Workspace) -> None:
+    """Opt-in (``pytest -m ab_quantized_kv``): four transformers runs step by step, each through quanto's
+    quantized cache or the plain one, the longest test of the default run (on a loaded 2-core host
+    about 2.5 times the bf16 test's two engine starts). The default run keeps the A/B judgement
+    (full-vocab KL, drift, capacity, a planted failure) in the bf16 test. Its committed records, on
+    the longer suite: reports/records/tiny-llama/ab_long/
+    20261130T024843Z_3a188c3b51_ab-hf-kv-quanto-int4_1e0772.json (pass, KL mean 0.00199) and
+    20261130T025656Z_0500dd3432_ab-hf-kv-quanto-int2_7cc442.json (fail: the KL bar catches 2-bit)."""
     a, b4 = arms(ws, "hf", "hf:kv=quanto-int4")
     _, b2 = arms(ws, "hf", "hf:kv=quanto-int2", a=a)
     r4 = run_ab(ws, "tiny-llama", SUITE, "hf", "hf:kv=quanto-int4", arms=(a, b4)).record

@@ -2,8 +2,8 @@
 
 Engine starts here (≈1 min each on 2 cores): one to record them under emulated AVX2
 (``HARNESS_CPU_ISA=avx2``, a child harness process), and, unless the session's engine pool has
-them up already, tiny-llama's default engine (it records goldens from scratch, then serves the
-``vllm`` candidate) and a refused configuration (``block_size=16``: its refusal is remembered).
+it up already, tiny-llama's default engine (it records goldens from scratch, then serves the
+``vllm`` candidate). A refused configuration (``block_size=16``) is opt-in (``-m gate_refusal``).
 Everything else reuses goldens. Floats are compared bit for bit only within one
 device class (``harness.device_policy``).
 """
@@ -143,8 +143,14 @@ def test_a_planted_token_flip_fails_the_gate_and_names_the_case(workspace: Works
     assert "1 fail" in rec.summary
 
 
+@pytest.mark.gate_refusal
 def test_a_refused_configuration_is_a_refused_verdict_with_the_engines_reason(
         workspace: Workspace) -> None:
+    """Opt-in (``pytest -m gate_refusal``): one engine start, about a minute on 2 cores, to vLLM's
+    refusal. The default run keeps both halves: the real vLLM's refusal and its reason through the
+    pooled runner (test_ab.py's refused B arm) and a refused parity record from a runner's refusal
+    (tests/unit/test_openai_runner.py). Its committed record is under
+    reports/records/tiny-llama/smoke/ (``vllm-block-size-16``, outcome refused)."""
     rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "vllm:block_size=16", auto_record=False).record
     assert rec.outcome == "refused", rec.summary
     reason = rec.verdicts[0].evidence["reason"]

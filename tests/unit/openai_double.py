@@ -239,11 +239,13 @@ def _handler(d: Double) -> type[BaseHTTPRequestHandler]:
             try:
                 if not probe and d.delay_s:
                     time.sleep(d.delay_s)
-                fault = None if probe else d.faults.get(cid)
-                self._answer(fault, attempt, body, whole, steps)
             finally:
+                # out of flight before the answer is written: a client that reads the whole answer
+                # and sends its next request must not find this thread still counting this one
                 with d.lock:
                     d.in_flight -= 1
+            fault = None if probe else d.faults.get(cid)
+            self._answer(fault, attempt, body, whole, steps)
 
         def _answer(self, fault: str | None, attempt: int, body: Mapping[str, Any],
                     whole: dict[str, Any], steps: list[dict[str, Any]]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from harness.engines.launch import ledger
 from harness.engines.vllm import pool as engine_pool
 from harness.engines.vllm.pool import EnginePool, key, pooled, unpooled
 from harness.engines.vllm.runner import VLLMRunner
-from harness.models import resolve_model
+from harness.models import ModelRef, content_digest, resolve_model
 from harness.workspace import Workspace
 from tests.unit.child_pytest import NO_HYPOTHESIS
 
@@ -103,6 +104,28 @@ def test_other_settings_get_another_engine_and_the_least_recent_goes(stub: str, 
     assert [x["reused"] for x in ledger.read(counted)] == [False, False, False]
     assert key("py", "m", {"dtype": "float32"}, {}) != key("py", "m", {"dtype": "bfloat16"}, {})
     assert key("py", "m", {}, {"VLLM_X": "1"}) != key("py", "m", {}, {}) == key("py", "m", {}, {"HOME": "/x"})
+
+
+def test_copies_of_a_model_share_an_engine_and_other_weights_do_not(stub: str, tmp_path: Path,
+                                                                     counted: Path) -> None:
+    """The key is the checkpoint's content: every test's workspace copy of tiny-llama is served by one
+    engine; ``weights=`` with other bytes (same config and tokenizer) gets an engine of its own."""
+    model = resolve_model("tiny-llama", Workspace.default())
+    copy, planted = tmp_path / "copy" / "tiny-llama", tmp_path / "planted"
+    shutil.copytree(model.path, copy)
+    shutil.copytree(model.path, planted)
+    weights = planted / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of the last weight
+    weights.write_bytes(bytes(data))
+    elsewhere = ModelRef("tiny-llama", str(copy), content_digest(copy))
+    with pooled(max_live=3) as pool:
+        a = runner(stub, tmp_path).run(CASES, SAMPLING)
+        b = VLLMRunner(elsewhere, {}, python=stub, version="stub", run_dir=tmp_path).run(CASES, SAMPLING)
+        c = runner(stub, tmp_path, weights=str(planted)).run(CASES, SAMPLING)
+        assert len(pool.engines) == 2
+    assert a[0].token_ids == b[0].token_ids != c[0].token_ids  # the copy's process served b; c had its own
+    assert [x["reused"] for x in ledger.read(counted)] == [False, True, False]
 
 
 def test_a_refusal_is_remembered_not_started_again(stub: str, tmp_path: Path, counted: Path) -> None:

@@ -58,26 +58,33 @@ def read(path: str | Path) -> list[dict[str, Any]]:
 
 
 def totals(lines: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Starts (not reuses), their total seconds, reuses, and starts by test file."""
+    """Starts (not reuses), their total seconds, reuses, and starts by test file and by engine (its
+    kind and model), each as (count, seconds)."""
     lines = list(lines)
     starts = [x for x in lines if not x.get("reused")]
     by_file: dict[str, list[float]] = {}
+    by_engine: dict[str, list[float]] = {}
     for x in starts:
         f = str(x.get("test") or "(outside a test)").split("::")[0]
         by_file.setdefault(f, []).append(float(x.get("start_s") or 0.0))
+        by_engine.setdefault(f"{x.get('kind')} {x.get('model')}", []).append(float(x.get("start_s") or 0.0))
     return {"starts": len(starts), "start_s": sum(float(x.get("start_s") or 0.0) for x in starts),
             "reused": len(lines) - len(starts), "failed": sum(1 for x in starts if not x.get("ok", True)),
             "by_kind": {k: sum(1 for x in starts if x.get("kind") == k)
                         for k in sorted({x["kind"] for x in starts})},
-            "by_file": {f: (len(v), sum(v)) for f, v in sorted(by_file.items())}}
+            "by_file": {f: (len(v), sum(v)) for f, v in sorted(by_file.items())},
+            "by_engine": {e: (len(v), sum(v)) for e, v in sorted(by_engine.items())}}
 
 
 def summary(lines: Iterable[Mapping[str, Any]]) -> list[str]:
     """Lines for the end of a test run: the count first, ``engine starts: 0`` too (the unit tier
-    says so), then the files that paid."""
+    says so), then the files that paid, then the engines (kind and model) they started."""
     t = totals(lines)
     kinds = ", ".join(f"{k} {n}" for k, n in t["by_kind"].items())
     out = [f"engine starts: {t['starts']}{f' ({kinds})' if kinds else ''}, {t['start_s']:.0f} s starting; "
            f"{t['reused']} served by a live engine; {t['failed']} refused or failed at start"]
     out += [f"  {n:3d} starts {s:7.0f} s  {f}" for f, (n, s) in t["by_file"].items()]
+    if t["by_engine"]:
+        out.append("by engine:")
+        out += [f"  {n:3d} starts {s:7.0f} s  {e}" for e, (n, s) in t["by_engine"].items()]
     return out

@@ -1,4 +1,4 @@
-"""An engine pool: one live vLLM engine per (interpreter, model, engine settings, environment).
+"""An engine pool: one live vLLM engine per (interpreter, model content, engine settings, environment).
 
 Without a pool, every :class:`~harness.engines.vllm.runner.VLLMRunner` workload starts an engine in a child
 process and stops it (how a ``make gate`` runs: one engine, one workload). Inside :func:`pooled`
@@ -45,7 +45,9 @@ ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "HARNESS_CPU_ISA", "LD_PRELOAD", "CUDA_
 
 
 def key(python: str, model: str, engine: Mapping[str, Any], env: Mapping[str, str]) -> str:
-    """What makes two workloads able to share an engine, as a short digest (and its parts)."""
+    """What makes two workloads able to share an engine, as a short digest (and its parts). ``model``
+    is the content digest of the checkpoint the engine loads (the ``weights=`` one when given), not
+    its folder: copies of one model in several workspaces share an engine, other weights never do."""
     parts = {"python": python, "model": model, "engine": dict(engine),
              "env": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES)}}
     return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()

@@ -224,7 +224,9 @@ class VLLMRunner:
         label = f"vLLM {self.name} ({self.model.name}, {len(cases)} cases)"
         pool = engine_pool.active()
         if pool is not None:  # a live engine for this configuration, or one started for it and kept
-            k = engine_pool.key(self.python, self.model.path, engine, env)
+            # the checkpoint's content, not its folder: every test's copy of a model shares its engine
+            k = engine_pool.key(self.python, self.weights.digest if self.weights else self.model.digest,
+                                engine, env)
             with step(f"{label}: pooled engine"):
                 served = pool.run(k, self.python, env, req, res, self.log_path, START_TIMEOUT_S)
             exited = Exited(0 if served.completed else 1, False)

@@ -9,7 +9,7 @@ A trainer is any callable ``trainer(folder, sequences, dtype) -> list[logits]``:
 folder, ``sequences`` a list of (prompt ids, sampled ids), ``dtype`` the declared one (``float32`` or
 ``bfloat16``); it returns, per sequence, the float32 logits ``[len(sampled), vocab]`` that predicted
 each sampled token. The gate turns them into the rollout's logprob mode (temperature and top-p, as
-vLLM's sampler does: :func:`harness.invariance.trainer.mode_logprobs`). The built-in one is
+vLLM's sampler does: :func:`harness.kinds.invariance.trainer.mode_logprobs`). The built-in one is
 :func:`hf_trainer` (transformers); ``trainer=<module:callable>`` names another.
 """
 

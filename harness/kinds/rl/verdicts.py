@@ -99,7 +99,7 @@ def _routing(p: Prepared, ran: Ran) -> tuple[list[Verdict], list[Any], dict[str,
 
 
 def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) -> Judgement:
-    gates = (jd.SYNC, jd.GROWTH, jd.IDENTITY, jd.WEIGHTS, jd.VERSION, jd.ROUTING)
+    gates = (jd.SYNC, jd.GROWTH, jd.IDENTITY, jd.WEIGHTS, jd.VERSION, *((jd.ROUTING,) if p.moe else ()))
     info = engine_info(req, p, ran)
     label = f"rl-{candidate_name(req, p)}"
     base_extra: dict[str, Any] = {

@@ -186,7 +186,7 @@ def test_arrivals_read_the_engine_layout_and_spot_a_stale_tensor(tmp_path: Path)
     import torch
     from safetensors.torch import save_file
 
-    from harness.engines.vllm_rl_taps import EMPTY_SHA256
+    from harness.engines.vllm.rl_taps import EMPTY_SHA256
 
     g = torch.Generator().manual_seed(1)
     old = {k: torch.randn(s, generator=g) for k, s in SHAPES.items()}

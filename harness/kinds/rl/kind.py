@@ -3,7 +3,7 @@
 ``make rl MODEL=… [CANDIDATE=vllm] [SUITE=rl] [CONTROL=…] [TRAINER=module:callable] [DTYPE=bfloat16]``.
 prepare: the suite's ``[rl_sync]`` table, every step's prompts and seeds, the trainer.
 run: the trainer writes every step's weights; the pinned vLLM starts once and goes through the
-session (:mod:`harness.engines.vllm_rl`: updates through its RL API and the harness's CPU backend,
+session (:mod:`harness.engines.vllm.rl`: updates through its RL API and the harness's CPU backend,
 prefix-cache resets, seeded rollouts, its checksums, the harness's taps); the trainer scores.
 judge: :mod:`harness.kinds.rl.judge` per step and across steps; the weights' arrival and the
 version; MoE routing parity (:mod:`harness.kinds.rl.routing`); the in-memory controls
@@ -103,8 +103,8 @@ class RLKind:
         )
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
+        from harness.engines.vllm.rl import run_session
         from harness.engines.vllm.runner import START_TIMEOUT_S, default_engine_settings
-        from harness.engines.vllm_rl import run_session
 
         given = req.options.get("ran")
         if given is not None:

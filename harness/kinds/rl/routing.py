@@ -1,5 +1,5 @@
 """MoE routing parity: the experts the engine chose (the harness's taps on its routers,
-:mod:`harness.engines.vllm_rl_taps`) against the trainer's router top-k on the same ids, and the
+:mod:`harness.engines.vllm.rl_taps`) against the trainer's router top-k on the same ids, and the
 trainer's logprobs with the engine's routes replayed (rollout routing replay, R3).
 
 The engine's routes of a rollout come from one prefill of prompt + sampled tokens (all but the last),

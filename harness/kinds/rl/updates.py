@@ -7,7 +7,7 @@ every tensor by a small relative amount (``w * (1 + relative * N(0, 1))``, eleme
 backends do), in checkpoint names; vLLM fuses q/k/v, gate/up and a MoE layer's experts itself.
 
 :func:`engine_view` maps checkpoint names to where the engine keeps them (vLLM's parameter and the
-slice of it), so the engine's weights (:mod:`harness.engines.vllm_rl_taps`) can be compared with
+slice of it), so the engine's weights (:mod:`harness.engines.vllm.rl_taps`) can be compared with
 what was sent, tensor by tensor.
 """
 
@@ -190,7 +190,7 @@ def arrivals(
     import torch
     from safetensors import safe_open
 
-    from harness.engines.vllm_rl_taps import EMPTY_SHA256
+    from harness.engines.vllm.rl_taps import EMPTY_SHA256
 
     vllm_sums = {k.rpartition(":")[2]: v for k, v in checksums.items()}
     with safe_open(str(sent), "pt") as fs, safe_open(str(tap), "pt") as ft:

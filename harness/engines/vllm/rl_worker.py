@@ -1,8 +1,8 @@
 """One vLLM engine through a whole RL weight-sync session, in its own process.
 
 Standalone like :mod:`harness.engines.vllm.worker` (standard library and vLLM only; its helpers beside
-it): ``python vllm_rl_worker.py REQUEST.json RESULT.jsonl``. The engine starts once, with
-``weight_transfer_config={"backend": "harness_files"}`` (:mod:`harness.engines.vllm_rl_backend`,
+it): ``python rl_worker.py REQUEST.json RESULT.jsonl``. The engine starts once, with
+``weight_transfer_config={"backend": "harness_files"}`` (:mod:`harness.engines.vllm.rl_backend`,
 registered when this file is imported: vLLM's engine-core process is spawned and imports this file
 again as ``__mp_main__``, so the backend is in its factory too), and then, step by step:
 
@@ -11,7 +11,7 @@ again as ``__mp_main__``, so the backend is in its factory too), and then, step 
 2. ``reset_prefix_cache()`` unless the step says not to (a planted control);
 3. seeded rollouts, every request in one ``generate`` call;
 4. the evidence: vLLM's own per-tensor checksums, the engine's reported weight version, what the
-   backend loaded, and the harness's tap on the engine's weights (:mod:`harness.engines.vllm_rl_taps`);
+   backend loaded, and the harness's tap on the engine's weights (:mod:`harness.engines.vllm.rl_taps`);
 5. with ``routes``, on its step: one prefill per rollout (prompt + sampled tokens; the prefix cache reset
    before each, so that every position is computed) with the routers tapped.
 
@@ -32,11 +32,15 @@ from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if __package__:
-    from harness.engines import vllm_rl_backend, vllm_rl_taps, worker_lines
-else:  # as a script: keep this folder last on the path (its vllm.py would shadow vLLM)
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE] + [_HERE]
-    import vllm_rl_backend  # type: ignore[no-redef]
-    import vllm_rl_taps  # type: ignore[no-redef]
+    from harness.engines.launch import worker_lines
+    from harness.engines.vllm import rl_backend as vllm_rl_backend
+    from harness.engines.vllm import rl_taps as vllm_rl_taps
+else:  # as a script: this folder and the shared launch/ last on the path (its siblings shadow packages)
+    _LAUNCH = os.path.join(os.path.dirname(_HERE), "launch")
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) not in (_HERE, _LAUNCH)] + [
+        _HERE, _LAUNCH]
+    import rl_backend as vllm_rl_backend  # type: ignore[no-redef]
+    import rl_taps as vllm_rl_taps  # type: ignore[no-redef]
     import worker_lines  # type: ignore[no-redef]
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the taps travel by reference

@@ -1,5 +1,5 @@
 """The host side of an RL weight-sync session on the pinned vLLM: one engine start, every step's
-update, rollouts and evidence (:mod:`harness.engines.vllm_rl_worker`, the child process)."""
+update, rollouts and evidence (:mod:`harness.engines.vllm.rl_worker`, the child process)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from harness.engines.launch import ledger
 from harness.engines.launch.procs import engine_env, run_engine
 from harness.engines.launch.worker_lines import WorkerFailed, check_result
 from harness.engines.vllm.preload import PreloadMissing, preload_env
-from harness.engines.vllm_rl_backend import BACKEND
+from harness.engines.vllm.rl_backend import BACKEND
 from harness.excerpt import file_tail
 
-WORKER = Path(__file__).with_name("vllm_rl_worker.py")
+WORKER = Path(__file__).with_name("rl_worker.py")
 RL_ENGINE_SETTINGS = {"enforce_eager": True, "enable_prefix_caching": True}
 """Eager (the taps on the routers are module hooks, which a compiled graph never calls) and a prefix
 cache (what a stale cache after an update would serve)."""

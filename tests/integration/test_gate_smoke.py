@@ -149,8 +149,8 @@ def test_a_refused_configuration_is_a_refused_verdict_with_the_engines_reason(
     """Opt-in (``pytest -m gate_refusal``): one engine start, about a minute on 2 cores, to vLLM's
     refusal. The default run keeps both halves: the real vLLM's refusal and its reason through the
     pooled runner (test_ab.py's refused B arm) and a refused parity record from a runner's refusal
-    (tests/unit/test_openai_runner.py). Its committed record is under
-    reports/records/tiny-llama/smoke/ (``vllm-block-size-16``, outcome refused)."""
+    (tests/unit/test_openai_runner.py). Its committed record: reports/records/tiny-llama/smoke/
+    20261206T220404Z_23eadefa42_vllm-block-size-16_b79290.json (refused: "No common block size for 16")."""
     rec = run_gate_by_name(workspace, "tiny-llama", "smoke", "vllm:block_size=16", auto_record=False).record
     assert rec.outcome == "refused", rec.summary
     reason = rec.verdicts[0].evidence["reason"]

@@ -33,7 +33,6 @@ from harness.records import (
     guard,
     new_record_id,
     outcome_of,
-    portable_record,
     record_path,
     write_record,
 )
@@ -191,7 +190,7 @@ def run_gate(ws: Workspace, model: ModelRef, suite: Suite, candidate: str | None
     with step(f"{gate_kind.name} run: {candidate} on {model.name}/{suite.name}"):
         ran = gate_kind.run(ws, req, prepared)
     j = gate_kind.judge(ws, req, prepared, ran)
-    record = portable_record(build_record(ws, req, gate_kind, j), ws.root)
+    record = build_record(ws, req, gate_kind, j)
     return GateResult(record, write_with_figures(ws, record, j) if write else Path(), j)
 
 

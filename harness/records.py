@@ -202,7 +202,9 @@ def record_path(records_root: Path, rec: Record) -> Path:
 
 
 def portable_record(rec: Record, workspace: Path) -> Record:
-    """``rec`` as it is written: no path in it names this machine (:mod:`harness.record_paths`)."""
+    """``rec`` as :func:`write_record` writes it: no path in it names this machine
+    (:mod:`harness.record_paths`). The run itself keeps the record it built, whose paths (a
+    ``weights=`` folder, a command) still resolve from wherever it runs."""
     return Record.from_json(portable(rec.to_json(), (workspace, REPO_ROOT)))
 
 
@@ -217,7 +219,7 @@ def write_record(records_root: Path, rec: Record) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
         with os.fdopen(fd, "w") as f:
-            json.dump(portable(rec.to_json(), (workspace, REPO_ROOT)), f, indent=2, sort_keys=True)
+            json.dump(portable_record(rec, workspace).to_json(), f, indent=2, sort_keys=True)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

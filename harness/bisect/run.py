@@ -23,7 +23,7 @@ from harness.bisect.search import Probe, Result, bisect
 from harness.bisect.verdicts import Focus
 from harness.goldens import Golden
 from harness.models import ModelRef, resolve_model
-from harness.records import Record, portable_record, write_record
+from harness.records import Record, write_record
 from harness.suites import Suite, find_suite
 from harness.workspace import REPO_ROOT, Workspace
 
@@ -65,7 +65,6 @@ def _finish(ws: Workspace, prepared: tuple[ModelRef, Suite, Golden, Focus, bool]
     rec = bisect_record(ws, model=model, suite=suite, golden=golden, over=over, label=label, result=result,
                         asked={**asked, "only": focus.to_json()}, environment=environment,
                         total_s=time.perf_counter() - t0)
-    rec = portable_record(rec, ws.root)
     return Bisected(rec, write_record(ws.records, rec), result)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.goldens import golden_dir, read_golden
 from harness.provenance import git_dirty, git_sha
-from harness.records import Record, portable_record, write_record
+from harness.records import Record, write_record
 from harness.repin import RepinError
 from harness.repin.accept import Switched, switch
 from harness.repin.cost import full_rerecord
@@ -63,7 +63,6 @@ def repin(ws: Workspace, release: str, *, models: Sequence[str] = (), suites: Se
                               suite_name=c.suite.name) if accept else c.old)
         rec = repin_record(ws, c, release=release, pin_from=pin_from, pin_to=pin_to, accepted=accept,
                            beside=beside, cells=mine, run=run, harness=harness)
-        rec = portable_record(rec, ws.root)
         written.append((rec, write_record(ws.records, rec)))
     if accept:
         from harness.features import generate, write_pages

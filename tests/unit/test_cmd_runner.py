@@ -21,7 +21,7 @@ from harness.engines.launch.procs import pid_running
 from harness.goldens import Golden, golden_dir, read_golden
 from harness.models import resolve_model
 from harness.pipeline import run_gate_by_name
-from harness.records import Record, load_record
+from harness.records import Record, load_record, portable_record
 from harness.workspace import Workspace
 
 ENGINE = Path(__file__).with_name("cmd_replay_engine.py")
@@ -50,7 +50,7 @@ def spec(answers: Path, fault: str, extra: str = "") -> str:
 
 def gate(ws: Workspace, candidate: str) -> Record:
     res = run_gate_by_name(ws, "tiny-llama", "smoke", candidate, auto_record=False)
-    assert load_record(res.path) == res.record  # always written
+    assert load_record(res.path) == portable_record(res.record, ws.root)  # always written, portably
     return res.record
 
 

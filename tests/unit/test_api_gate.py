@@ -172,11 +172,6 @@ def test_the_committed_goldens_name_the_digest_the_template_left_alone() -> None
         assert manifest["model"]["digest"] == content_digest(REPO_ROOT / "models" / model)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the committed tiny-qwen3 record predates the schema and logprob_values facets and their "
-    "three controls (9 of 12): re-record with make api MODEL=tiny-qwen3, then drop this mark",
-)
 def test_the_committed_record_of_the_pinned_server_passes_with_every_control_biting() -> None:
     records = sorted((REPO_ROOT / "reports" / "records" / MODEL / "api").glob("*_vllm-server_*.json"))
     assert records, "no committed record of make api MODEL=tiny-qwen3"

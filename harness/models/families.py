@@ -9,12 +9,50 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from harness.models.tiny import TinySpec
+
+@dataclass(frozen=True, slots=True)
+class TinySpec:
+    name: str
+    family: str = "llama"
+    """A key of :data:`harness.models.families.FAMILIES`."""
+    summary: str = ""
+    vocab_size: int = 512
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    max_position_embeddings: int = 4096
+    seed: int = 20261130
+    init_std: float = 0.08
+    """Std of the hidden projections' weights."""
+    embed_std: float = 1.0
+    lm_head_std: float = 0.6
+    """Scales the logits: larger means a more decisive model (bigger top-1/top-2 gaps). Tied
+    families draw their embeddings with it."""
+    layer_types: tuple[str, ...] = ()
+    """Per layer: ``full_attention`` or ``sliding_attention`` (families with both)."""
+    sliding_window: int | None = None
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    router_std: float = 0.5
+    position_std: float = 0.1
+    post_norm_scale: float = 1.0
+    """Gemma: the scale ``1 + w`` of the norms after the attention and MLP blocks."""
+    """Std of learned absolute position embeddings (GPT-2)."""
+    chat_template: str = "chatml"
+    """The family's chat-template style, ``harness/models/templates/<style>.jinja``: written beside the
+    tokenizer as ``chat_template.jinja`` (outside the content digest: the token gates never read it)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
 
 Normal = Callable[[tuple[int, ...], float], np.ndarray]
 Weights = dict[str, np.ndarray]

@@ -26,53 +26,12 @@ import hashlib
 import json
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from harness.models.corpus import CORPUS
-
-
-@dataclass(frozen=True, slots=True)
-class TinySpec:
-    name: str
-    family: str = "llama"
-    """A key of :data:`harness.models.families.FAMILIES`."""
-    summary: str = ""
-    vocab_size: int = 512
-    hidden_size: int = 128
-    intermediate_size: int = 384
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    max_position_embeddings: int = 4096
-    seed: int = 20261130
-    init_std: float = 0.08
-    """Std of the hidden projections' weights."""
-    embed_std: float = 1.0
-    lm_head_std: float = 0.6
-    """Scales the logits: larger means a more decisive model (bigger top-1/top-2 gaps). Tied
-    families draw their embeddings with it."""
-    layer_types: tuple[str, ...] = ()
-    """Per layer: ``full_attention`` or ``sliding_attention`` (families with both)."""
-    sliding_window: int | None = None
-    num_experts: int = 0
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    router_std: float = 0.5
-    position_std: float = 0.1
-    post_norm_scale: float = 1.0
-    """Gemma: the scale ``1 + w`` of the norms after the attention and MLP blocks."""
-    """Std of learned absolute position embeddings (GPT-2)."""
-    chat_template: str = "chatml"
-    """The family's chat-template style, ``harness/models/templates/<style>.jinja``: written beside the
-    tokenizer as ``chat_template.jinja`` (outside the content digest: the token gates never read it)."""
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
+from harness.models.families import FAMILIES, TinySpec
 
 SPECS: dict[str, TinySpec] = {s.name: s for s in (
     TinySpec("tiny-llama", summary="Llama: RMSNorm, SwiGLU, rotary, GQA 2q/1kv", chat_template="llama3"),
@@ -124,7 +83,6 @@ def _train_tokenizer(spec: TinySpec, out: Path) -> None:
 
 
 def _weights(spec: TinySpec) -> dict[str, np.ndarray]:
-    from harness.models.families import FAMILIES
 
     rng = np.random.Generator(np.random.PCG64(spec.seed))
 
@@ -138,7 +96,6 @@ def build(name: str, out: Path) -> Path:
     """Write the model ``name`` into ``out`` (created) and return it."""
     from safetensors.numpy import save_file
 
-    from harness.models.families import FAMILIES
 
     spec = SPECS[name]
     out.mkdir(parents=True, exist_ok=True)

@@ -34,18 +34,29 @@ RUN = "(run)"
 """The case id of the verdict that pools every sampled token of a run."""
 
 
-def rl_stats(rollout: Sequence[np.ndarray], trainer: Sequence[np.ndarray], low: float = 0.8,
-             high: float = 1.25) -> dict[str, float]:
-    """The statistics above over one or more sequences (``rollout[i]`` and ``trainer[i]``: the
-    chosen-token logprobs of sequence i, same length)."""
-    deltas, k1, k3, mism = [], [], [], 0
+def finite_pairs(rollout: Sequence[np.ndarray], trainer: Sequence[np.ndarray]
+                 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """Each sequence's chosen-token logprobs of rollout and trainer as float64, the positions where
+    either side is not finite left out; and how many were (the support mismatch)."""
+    pairs, bad = [], 0
     for r, t in zip(rollout, trainer, strict=True):
         r, t = np.asarray(r, np.float64), np.asarray(t, np.float64)
         if r.shape != t.shape:
             raise ValueError(f"rollout and trainer lengths differ: {r.shape} vs {t.shape}")
         ok = np.isfinite(r) & np.isfinite(t)
-        mism += int((~ok).sum())
-        d = t[ok] - r[ok]
+        bad += int((~ok).sum())
+        pairs.append((r[ok], t[ok]))
+    return pairs, bad
+
+
+def rl_stats(rollout: Sequence[np.ndarray], trainer: Sequence[np.ndarray], low: float = 0.8,
+             high: float = 1.25) -> dict[str, float]:
+    """The statistics above over one or more sequences (``rollout[i]`` and ``trainer[i]``: the
+    chosen-token logprobs of sequence i, same length)."""
+    deltas, k1, k3 = [], [], []
+    pairs, mism = finite_pairs(rollout, trainer)
+    for r, t in pairs:
+        d = t - r
         deltas.append(d)
         k1.append(float(-d.sum()))
         k3.append(float((np.exp(d) - 1.0 - d).sum()))

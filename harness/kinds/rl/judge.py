@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from harness.api import Verdict
+from harness.compare.rl_logprobs import finite_pairs
 from harness.kinds.rl.settings import BAR_KEYS, RLSettings
 
 SYNC, GROWTH, IDENTITY, WEIGHTS, VERSION, ROUTING = (
@@ -46,17 +47,9 @@ LN2 = math.log(2.0)
 def metrics(rollout: Sequence[np.ndarray], trainer: Sequence[np.ndarray]) -> dict[str, float]:
     """Every figure above over all sampled tokens of the given sequences (non-finite pairs counted in
     ``support_mismatch`` and left out)."""
-    r_all, t_all, bad = [], [], 0
-    for r, t in zip(rollout, trainer, strict=True):
-        r, t = np.asarray(r, np.float64), np.asarray(t, np.float64)
-        if r.shape != t.shape:
-            raise ValueError(f"rollout and trainer lengths differ: {r.shape} vs {t.shape}")
-        ok = np.isfinite(r) & np.isfinite(t)
-        bad += int((~ok).sum())
-        r_all.append(r[ok])
-        t_all.append(t[ok])
-    r = np.concatenate(r_all) if r_all else np.zeros(0)
-    t = np.concatenate(t_all) if t_all else np.zeros(0)
+    pairs, bad = finite_pairs(rollout, trainer)
+    r = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0)
+    t = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0)
     if not r.size:
         return {"tokens": 0, "support_mismatch": bad}
     d = t - r

@@ -98,13 +98,16 @@ show: venv
 # pytest exits 5 when it collects no test: that is a failure here, as it is in CI.
 # Two tiers: tests/unit starts no engine (tests/unit/conftest.py fails a test there that does),
 # tests/integration runs real engines (every test there is marked `integration`). The unit tier runs
-# in parallel (one pytest-xdist worker a core), then the integration tier in one process (its engines
-# are shared within one session); both run, and the make fails if either did. With PYTEST_ARGS: one
-# session of exactly those arguments (`make test PYTEST_ARGS=tests/integration/test_speed.py`).
+# in parallel (one pytest-xdist worker a core), then the integration tier, also in parallel, a module
+# at a time per worker (`--dist loadgroup`: a module's engines start once; the modules sharing the
+# session's pooled engine are one group, tests/integration/conftest.py); both run, and the make fails
+# if either did. With PYTEST_ARGS: one session of exactly those arguments
+# (`make test PYTEST_ARGS=tests/integration/test_speed.py`).
 test: venv
 ifeq ($(strip $(PYTEST_ARGS)),)
 	$(BIN)/python -m pytest tests/unit -n $(WORKERS); unit=$$?; \
-	$(BIN)/python -m pytest tests/integration; integration=$$?; \
+	$(BIN)/python -m pytest tests/integration -n $(WORKERS) --dist loadgroup --no-loadscope-reorder; \
+	integration=$$?; \
 	test $$unit -eq 0 || exit $$unit; exit $$integration
 else
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

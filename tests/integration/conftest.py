@@ -4,7 +4,12 @@ module says so: ``-m "not integration"`` and ``make test-unit`` (tests/unit) lea
 The modules that share a pooled engine run next to each other (:data:`SHARED_ENGINE_ORDER`), the rest
 after them in their usual order. The session's engine pool keeps ``free memory / 3 GiB`` engines (one
 on a 7 GiB CI runner), least recently used out first: in alphabetical order a test between two users
-of one configuration pushed its engine out, and the second user started it again."""
+of one configuration pushed its engine out, and the second user started it again.
+
+Under pytest-xdist (``make test`` runs this tier with ``-n auto --dist loadgroup``) a module is one
+unit of work, so its module-scoped engines start once, and the pool's users are one unit together
+(:data:`POOL_GROUP`), in that order, on one worker with one pool. An engine start is mostly one
+thread's work (imports, tracing, loading), so two workers on two cores overlap their starts."""
 
 from __future__ import annotations
 
@@ -25,13 +30,19 @@ SHARED_ENGINE_ORDER = (
     "test_openai_vllm_server.py",
     "test_speed.py",
     "test_gate_smoke.py",
+    # tiny-llama, default settings, through `harness matrix` in this process
+    "test_matrix.py",
 )
+POOL_GROUP = "tiny-llama-pool"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ours = [item for item in items if HERE in item.path.parents]
     for item in ours:
         item.add_marker(pytest.mark.integration)
+        shared = item.path.name in SHARED_ENGINE_ORDER
+        item.add_marker(pytest.mark.xdist_group(POOL_GROUP if shared else item.path.stem))
     rank = {name: i for i, name in enumerate(SHARED_ENGINE_ORDER)}
     ordered = iter(sorted(ours, key=lambda item: rank.get(item.path.name, len(rank))))  # stable
     items[:] = [next(ordered) if HERE in item.path.parents else item for item in items]

@@ -217,3 +217,17 @@ def test_the_pool_size_follows_the_environment(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("HARNESS_ENGINE_POOL_SIZE", "2")
     assert engine_pool.default_max_live() == 2
     assert EnginePool().max_live == 2
+
+
+@pytest.mark.parametrize(("avail_gib", "workers", "live"), [(20, None, 3), (20, "2", 2), (7, None, 1), (7, "2", 1),
+                                                           (12, "2", 1)])
+def test_the_pool_size_is_this_workers_share_of_free_memory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          avail_gib: int, workers: str | None, live: int) -> None:
+    monkeypatch.delenv("HARNESS_ENGINE_POOL_SIZE", raising=False)
+    if workers is None:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {32 * 2**20} kB\nMemAvailable: {avail_gib * 2**20} kB\n")
+    assert engine_pool.default_max_live(str(meminfo)) == live

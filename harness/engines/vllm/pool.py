@@ -53,17 +53,19 @@ def key(python: str, model: str, engine: Mapping[str, Any], env: Mapping[str, st
     return hashlib.blake2b(json.dumps(parts, sort_keys=True, default=str).encode(), digest_size=8).hexdigest()
 
 
-def default_max_live() -> int:
-    """``$HARNESS_ENGINE_POOL_SIZE``, else what the host's free memory holds (3 GiB an engine, 6 GiB
-    kept free), between 1 and 3."""
+def default_max_live(meminfo: str = "/proc/meminfo") -> int:
+    """``$HARNESS_ENGINE_POOL_SIZE``, else this process's share of what the host's free memory holds
+    (3 GiB an engine, 6 GiB kept free, shared with the other pytest-xdist workers), between 1 and 3."""
     if os.environ.get("HARNESS_ENGINE_POOL_SIZE", "").isdigit():
         return max(1, int(os.environ["HARNESS_ENGINE_POOL_SIZE"]))
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             avail = next(int(x.split()[1]) for x in f if x.startswith("MemAvailable:")) / 2**20
     except (OSError, StopIteration, ValueError):
         return 1
-    return int(max(1, min(3, (avail - 6) // 3)))
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")
+    share = (avail - 6) / max(1, int(workers) if workers.isdigit() else 1)
+    return int(max(1, min(3, share // 3)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,8 +53,11 @@ def test_the_first_differing_point_is_found_or_named_among_the_skipped(n: int, d
         assert r.kind == "ambiguous"
         assert f"p{change:02d}" in r.candidates and r.candidates[-1] == r.first_new
         assert all(int(c[1:]) in skips for c in r.candidates[:-1])  # only skipped points lie between
-    # logarithmic, plus the two ends, plus what was skipped
-    assert len(calls) <= math.ceil(math.log2(n)) + 2 + len(skips)
+    # logarithmic, plus the two ends, plus each skipped point run, plus one: a skipped middle moves the
+    # next split off centre, which can cost one more level (n=15, change 13, skips 7 and 10: 9 runs;
+    # exhaustive over n < 30 and up to three skips, the bound is reached and never passed)
+    hit = len(skips & set(calls))
+    assert len(calls) <= math.ceil(math.log2(n)) + 2 + hit + (hit > 0)
 
 
 def test_a_change_next_to_an_unrunnable_point_is_a_tie_naming_both() -> None:

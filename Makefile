@@ -99,14 +99,14 @@ show: venv
 # Two tiers: tests/unit starts no engine (tests/unit/conftest.py fails a test there that does),
 # tests/integration runs real engines (every test there is marked `integration`). The unit tier runs
 # in parallel (one pytest-xdist worker a core), then the integration tier, also in parallel, a module
-# at a time per worker (`--dist loadgroup`: a module's engines start once; the modules sharing the
+# at a time per worker (`--dist loadfile`: a module's engines start once; the modules sharing the
 # session's pooled engine are one group, tests/integration/conftest.py); both run, and the make fails
 # if either did. With PYTEST_ARGS: one session of exactly those arguments
 # (`make test PYTEST_ARGS=tests/integration/test_speed.py`).
 test: venv
 ifeq ($(strip $(PYTEST_ARGS)),)
 	$(BIN)/python -m pytest tests/unit -n $(WORKERS); unit=$$?; \
-	$(BIN)/python -m pytest tests/integration -n $(WORKERS) --dist loadgroup --no-loadscope-reorder; \
+	$(BIN)/python -m pytest tests/integration -n $(WORKERS) --dist loadfile --no-loadscope-reorder; \
 	integration=$$?; \
 	test $$unit -eq 0 || exit $$unit; exit $$integration
 else

@@ -6,7 +6,7 @@ after them in their usual order. The session's engine pool keeps ``free memory /
 on a 7 GiB CI runner), least recently used out first: in alphabetical order a test between two users
 of one configuration pushed its engine out, and the second user started it again.
 
-Under pytest-xdist (``make test`` runs this tier with ``-n auto --dist loadgroup``) a module is one
+Under pytest-xdist (``make test`` runs this tier with ``-n auto --dist loadfile``) a module is one
 unit of work, so its module-scoped engines start once, and the pool's users are one unit together
 (:data:`POOL_GROUP`), in that order, on one worker with one pool. An engine start is mostly one
 thread's work (imports, tracing, loading), so two workers on two cores overlap their starts."""
@@ -36,13 +36,27 @@ SHARED_ENGINE_ORDER = (
 POOL_GROUP = "tiny-llama-pool"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` with the pool's users as one unit: a module is one unit of work (its
+    module-scoped engines start once), and the modules of :data:`SHARED_ENGINE_ORDER` are one unit,
+    in that order, on one worker with one engine pool."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return POOL_GROUP if Path(path).name in SHARED_ENGINE_ORDER else path
+
+    return ByModule(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     ours = [item for item in items if HERE in item.path.parents]
     for item in ours:
         item.add_marker(pytest.mark.integration)
-        shared = item.path.name in SHARED_ENGINE_ORDER
-        item.add_marker(pytest.mark.xdist_group(POOL_GROUP if shared else item.path.stem))
     rank = {name: i for i, name in enumerate(SHARED_ENGINE_ORDER)}
     ordered = iter(sorted(ours, key=lambda item: rank.get(item.path.name, len(rank))))  # stable
     items[:] = [next(ordered) if HERE in item.path.parents else item for item in items]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from harness.kinds.api.facets.structured import CHOICES, REGEX, SCHEMA, valid
-from harness.kinds.api.grammar import constraint, first_forbidden, grammar_source
+from harness.kinds.api.grammar import constraint, first_forbidden, first_forbidden_text, grammar_source
 from tests.unit.api_kit import context
 
 EOS = 1
@@ -63,3 +63,11 @@ def test_each_probe_kind_names_the_constraint_its_request_carries() -> None:
     assert grammar_source("choice", ['say "hi"', "b"]) == ("ebnf", 'root ::= "say \\"hi\\"" | "b"')
     with pytest.raises(ValueError, match="no grammar for structured-output kind 'grammar'"):
         grammar_source("grammar", "root ::= x")
+
+
+def test_a_server_without_token_ids_is_judged_on_its_text_character_by_character(ref) -> None:  # type: ignore[no-untyped-def]
+    assert first_forbidden_text(ref, "json_object", None, '{"a": [1, "caf\u00e9"') is None, "cut by max_tokens"
+    broken = first_forbidden_text(ref, "json_schema", SCHEMA, '{"size": 1}')
+    assert broken is not None and broken.token is None
+    assert broken.words() == "character 2: 's' not allowed after '{\"'"
+    assert first_forbidden_text(ref, "choice", CHOICES, "gamma  delta") is not None

@@ -17,15 +17,19 @@ from harness.kinds.api.reference import Reference
 
 @dataclass(frozen=True, slots=True)
 class Broken:
-    """The first step whose token the grammar did not allow."""
+    """The first step whose token (or, for a server that returns no ids, character) the grammar did
+    not allow."""
 
     step: int
-    token: int
+    token: int | None
+    """None: judged on the text, character by character."""
     piece: str
     before: str
     """The output's text up to that step (what the grammar had accepted)."""
 
     def words(self) -> str:
+        if self.token is None:
+            return f"character {self.step}: {self.piece!r} not allowed after {self.before!r}"
         return f"step {self.step}: token {self.token} {self.piece!r} not allowed after {self.before!r}"
 
 
@@ -75,9 +79,7 @@ def _compiler(ref: Reference) -> Any:
     return _COMPILERS[key]
 
 
-def first_forbidden(ref: Reference, kind: str, spec: Any, ids: Sequence[int]) -> Broken | None:
-    """Feed ``ids`` to the grammar one by one; the first token it does not allow, else None. A stop
-    token is allowed only where the grammar may end."""
+def _matcher(ref: Reference, kind: str, spec: Any) -> Any:
     import xgrammar as xgr
 
     how, source = grammar_source(kind, spec)
@@ -88,7 +90,23 @@ def first_forbidden(ref: Reference, kind: str, spec: Any, ids: Sequence[int]) ->
         "regex": lambda: comp.compile_regex(source),
         "ebnf": lambda: comp.compile_grammar(source),
     }[how]()
-    matcher = xgr.GrammarMatcher(compiled)
+    return xgr.GrammarMatcher(compiled)
+
+
+def first_forbidden_text(ref: Reference, kind: str, spec: Any, text: str) -> Broken | None:
+    """For a server that returns no token ids: feed the text character by character; the first
+    character the grammar does not allow, else None (the text may stop where the grammar has not)."""
+    matcher = _matcher(ref, kind, spec)
+    for i, ch in enumerate(text):
+        if not matcher.accept_string(ch):
+            return Broken(i, None, ch, text[:i])
+    return None
+
+
+def first_forbidden(ref: Reference, kind: str, spec: Any, ids: Sequence[int]) -> Broken | None:
+    """Feed ``ids`` to the grammar one by one; the first token it does not allow, else None. A stop
+    token is allowed only where the grammar may end."""
+    matcher = _matcher(ref, kind, spec)
     for i, t in enumerate(ids):
         if matcher.is_terminated() or not matcher.accept_token(int(t)):
             return Broken(i, int(t), ref.piece(int(t)), ref.decode(list(ids[:i]), skip_special_tokens=False))

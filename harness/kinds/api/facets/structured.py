@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from harness.api import Verdict
 from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, chat, completion, seen, verdict
 from harness.kinds.api.facets.template import no_free_whitespace
-from harness.kinds.api.grammar import constraint, first_forbidden
+from harness.kinds.api.grammar import constraint, first_forbidden, first_forbidden_text
 from harness.kinds.api.reference import Reference
 from harness.kinds.api.views import View, first_difference
 
@@ -123,10 +123,14 @@ class Structured:
         facts: dict[str, Any] = {"kind": kind, "text": c.text, "oracle_text": o.text, "valid": ok}
         if ok is False:
             return verdict(self.key, p.id, False, f"{kind}: invalid output {c.text!r}: {why}", **facts)
+        spec = constraint(kind, p.body or {})
         if c.token_ids is None:
-            facts["grammar"] = "not judged: the server returned no token ids"
+            broken = first_forbidden_text(ref, kind, spec, c.text or "")
+            facts["grammar"] = (
+                broken.words() if broken else "no token ids: every character of the text allowed"
+            )
         else:
-            broken = first_forbidden(ref, kind, constraint(kind, p.body or {}), c.token_ids)
+            broken = first_forbidden(ref, kind, spec, c.token_ids)
             facts["grammar"] = broken.words() if broken else f"all {len(c.token_ids)} tokens allowed"
             if broken is not None:
                 return verdict(

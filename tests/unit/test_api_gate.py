@@ -182,3 +182,14 @@ def test_the_committed_record_of_the_pinned_server_passes_with_every_control_bit
     judged = {v["comparator"] for v in rec["verdicts"] if v["status"] == "pass"}
     assert judged == {comparator(f) for f in FACETS.names()}
     assert rec["extra"]["api"]["template"]["source"] == TEMPLATE_FILE
+
+
+def test_the_grammar_control_bites_on_the_grammar_check_and_names_step_and_token(replay) -> None:  # type: ignore[no-untyped-def]
+    ctx, probes, oracle, ep = replay
+    fault = next(f for f in FAULTS if f.says == "grammar broken at step 0")
+    c = control(ctx, probes, oracle, ep, fault)
+    assert c.ok and c.got == "fail 1/4", c
+    assert c.note.startswith("structured/json_schema: json_schema: grammar broken at step 0: token 1 ")
+    # the same row failing for another reason (the text one character short) does not count
+    other = replace(next(f for f in FAULTS if f.name == "a constrained output one character short"), says=fault.says)
+    assert not control(ctx, probes, oracle, ep, other).ok

@@ -38,6 +38,9 @@ class Fault:
     """The facet whose requests it alters (default: ``facet``, the row it must fail or pass); ``*``:
     every request (a tool call's arguments arrive in the tools facet's replies, the wire schema row
     judges them)."""
+    says: str = ""
+    """A failing control bites only where one of its row's failing verdicts says this (the check it
+    plants for, not another check of the same row that its fault trips too)."""
 
     def alters(self, facet: str | None) -> bool:
         return self.on == "*" or facet == (self.on or self.facet)
@@ -106,6 +109,17 @@ def _drop_sampled(req: Json, reply: Json) -> Json:
         ]
     for pos in lp.get("content") or []:
         pos["top_logprobs"] = [t for t in pos.get("top_logprobs") or [] if t.get("token") != pos.get("token")]
+    return reply
+
+
+def _forbidden_first_token(req: Json, reply: Json) -> Json:
+    """A JSON-schema output whose first token id is replaced by its last (a closing brace or the stop
+    token: neither may open the object), the text left as it was, so it still parses and validates."""
+    if (req.get("response_format") or {}).get("type") != "json_schema":
+        return reply
+    ids = _choice0(reply).get("token_ids")
+    if isinstance(ids, list) and len(ids) > 1:
+        ids[0] = ids[-1]
     return reply
 
 
@@ -202,6 +216,13 @@ FAULTS: tuple[Fault, ...] = (
     Fault("a stop string cut one character late", "stop", "fail", reply=_stop_late),
     Fault("a text one character short of its ids' decode", "detokenization", "fail", reply=_short_text),
     Fault("a constrained output one character short", "structured", "fail", reply=_short_text),
+    Fault(
+        "a constrained token the grammar forbids, the text still valid",
+        "structured",
+        "fail",
+        reply=_forbidden_first_token,
+        says="grammar broken at step 0",
+    ),
     Fault("a tool call with an argument changed", "tools", "fail", reply=_change_argument),
     Fault("a tool call with its argument keys reordered", "tools", "pass", reply=_reorder_keys),
     Fault("top_logprobs without the sampled token", "logprobs", "fail", reply=_drop_sampled),

@@ -54,7 +54,8 @@ def control(
     progress: Callable[[str], None] | None = None,
 ) -> Control:
     """Replay every probe through the proxy planting ``fault``: its facet must answer as expected
-    (fail, or pass for a positive control) and every other facet must pass."""
+    (fail — with the words ``fault.says`` where it names them —, or pass for a positive control) and
+    every other facet must pass."""
     with proxy(upstream.base_url, fault) as url:
         got = observe(replace(upstream, base_url=url), probes, ordinary_text(ctx))
     verdicts = judge(ctx, probes, oracle, got)
@@ -62,12 +63,13 @@ def control(
     mine = [v for v in verdicts if v.comparator == target]
     fails = [v for v in mine if v.status == "fail"]
     others = sorted({v.comparator for v in verdicts if v.comparator != target and v.status == "fail"})
-    bit = bool(fails) if fault.expect == "fail" else not fails and bool(mine)
+    bit = any(fault.says in v.summary for v in fails) if fault.expect == "fail" else not fails and bool(mine)
     ok = bit and not others
     got_words = f"fail {len(fails)}/{len(mine)}" if fails else f"pass {len(mine)}/{len(mine)}"
     if others:
         got_words += f"; also failed: {', '.join(others)}"
-    note = fails[0].case_id + ": " + fails[0].summary if fails else ""
+    first = next((v for v in fails if fault.says in v.summary), None)
+    note = first.case_id + ": " + first.summary if first else ""
     if progress is not None:
         progress(f"control {fault.name!r}: {got_words}")
     return Control(target, fault.name, fault.expect, got_words, ok, note[:300])

@@ -1,19 +1,21 @@
 """Structured output: ``json_schema`` and ``json_object`` (``response_format``), ``regex`` and ``choice``
 (vLLM's ``structured_outputs``): every output is valid — a JSON-schema validator (``jsonschema``),
-``re.fullmatch`` of the very pattern, membership of the choices — and the constrained greedy tokens
-equal the oracle's; at the first difference, both tokens."""
+``re.fullmatch`` of the very pattern, membership of the choices —, every generated token was allowed by
+the request's grammar at its step (:mod:`harness.kinds.api.grammar`), and the constrained greedy
+tokens equal the oracle's; at the first difference, both tokens."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from harness.api import Verdict
 from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, chat, completion, seen, verdict
 from harness.kinds.api.facets.template import no_free_whitespace
+from harness.kinds.api.grammar import constraint, first_forbidden, first_forbidden_text
 from harness.kinds.api.reference import Reference
 from harness.kinds.api.views import View, first_difference
 
@@ -63,10 +65,13 @@ def token_words(ref: Reference, ids: Sequence[int] | None, i: int) -> str:
 @dataclass(frozen=True, slots=True)
 class Structured:
     key: ClassVar[str] = "structured"
-    title: ClassVar[str] = "Structured output: json_schema, regex, choice, json_object valid and oracle-equal"
+    title: ClassVar[str] = (
+        "Structured output: json_schema, regex, choice, json_object valid, grammar-allowed at every "
+        "token, and oracle-equal"
+    )
     rule: ClassVar[str] = (
-        "every constrained output is valid (jsonschema, re.fullmatch, the choices) and "
-        "its greedy tokens equal the oracle's"
+        "every constrained output is valid (jsonschema, re.fullmatch, the choices), each of its "
+        "tokens was allowed by the request's grammar at its step, and its greedy tokens equal the oracle's"
     )
 
     def probes(self, ctx: Context) -> list[Probe]:
@@ -115,9 +120,22 @@ class Structured:
         if not c.ok:
             return verdict(self.key, p.id, False, f"no answer: {c.error}")
         ok, why = valid(kind, c.text or "", c.finish)
-        facts: Mapping[str, Any] = {"kind": kind, "text": c.text, "oracle_text": o.text, "valid": ok}
+        facts: dict[str, Any] = {"kind": kind, "text": c.text, "oracle_text": o.text, "valid": ok}
         if ok is False:
             return verdict(self.key, p.id, False, f"{kind}: invalid output {c.text!r}: {why}", **facts)
+        spec = constraint(kind, p.body or {})
+        if c.token_ids is None:
+            broken = first_forbidden_text(ref, kind, spec, c.text or "")
+            facts["grammar"] = (
+                broken.words() if broken else "no token ids: every character of the text allowed"
+            )
+        else:
+            broken = first_forbidden(ref, kind, spec, c.token_ids)
+            facts["grammar"] = broken.words() if broken else f"all {len(c.token_ids)} tokens allowed"
+            if broken is not None:
+                return verdict(
+                    self.key, p.id, False, f"{kind}: grammar broken at {broken.words()}", **facts
+                )
         if o.token_ids is not None and c.token_ids is not None:
             i = first_difference(o.token_ids, c.token_ids)
             if i is not None:
@@ -135,7 +153,7 @@ class Structured:
             self.key,
             p.id,
             True,
-            f"{kind}: {why}; equal to the oracle's {len(c.token_ids or ())} tokens",
+            f"{kind}: {why}; {facts['grammar']}; equal to the oracle's {len(c.token_ids or ())} tokens",
             **facts,
         )
 

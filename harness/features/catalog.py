@@ -2,7 +2,10 @@
 
 A row names the suite and the comparators that prove it, and the models it is shown for side by
 side; a column names a candidate spec (a glob such as ``vllm@*`` matches every release). A row may
-give a column another spec (a configuration of that engine) or say why the column does not apply.
+give a column another spec (a configuration of that engine) or say why the column does not apply; a
+section may say it once for all its rows (``na`` on the section, a row's own entry wins). A column
+may name the models it cannot be run for where the harness runs (``cannot_run``): a cell of such a
+model with no record says why instead of ☐.
 Every error names the file and the key (:mod:`harness.tomlcheck`).
 """
 
@@ -45,6 +48,10 @@ class Column:
     ``vllm-server*`` matches every option string of one engine."""
     repo: Path | None = None
     """The candidate's own git repository, for candidates that record their SHA."""
+    cannot_run: Mapping[str, str] = field(default_factory=dict)
+    """Model -> why no run of this column can be made where the harness runs (a GPU column and a
+    checkpoint that cannot travel to the GPU machine). Only a cell with no record says so: a record,
+    wherever it was made, speaks for itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,15 +96,22 @@ class Catalog:
         return list(dict.fromkeys(r.section for r in self.rows))
 
 
-def _columns_table(d: Mapping[str, Any], key: str, where: Where, columns: Iterable[str]) -> dict[str, str]:
-    """A row's ``na``/``candidates``: column key = string."""
+def _string_table(d: Mapping[str, Any], key: str, where: Where) -> dict[str, str]:
+    """A table of strings (``cannot_run = { model = "why" }``)."""
     v = need_table(d, key, where, {})
+    for k in v:
+        need_str(v, k, where / key)
+    return dict(v)
+
+
+def _columns_table(d: Mapping[str, Any], key: str, where: Where, columns: Iterable[str]) -> dict[str, str]:
+    """A row's or section's ``na``, a row's ``candidates``: column key = string."""
+    v = _string_table(d, key, where)
     cols = list(columns)
     for k in v:
         if k not in cols:
             raise (where / key / k).fail(str(unknown("column", k, cols)))
-        need_str(v, k, where / key)
-    return dict(v)
+    return v
 
 
 def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
@@ -137,8 +151,8 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
 
 
 TOP_KEYS = ("title", "intro", "models", "columns", "sections")
-COLUMN_KEYS = ("key", "title", "candidate", "repo")
-SECTION_KEYS = ("title", "rows", "note")
+COLUMN_KEYS = ("key", "title", "candidate", "repo", "cannot_run")
+SECTION_KEYS = ("title", "rows", "note", "na")
 ROW_KEYS = ("id", "title", "suite", "prove", "na", "candidates", "note", "model", "models")
 
 
@@ -149,12 +163,14 @@ def load_catalog(path: Path, ws: Workspace | None = None) -> Catalog:
     check_keys(raw, top, TOP_KEYS)
     ws = ws or Workspace(path.parent)
     columns: list[Column] = []
+    cannot_run: dict[str, tuple[Where, dict[str, str]]] = {}
     for where, c in need_tables(raw, "columns", top):
         check_keys(c, where, COLUMN_KEYS)
         key = need_str(c, "key", where)
         if any(x.key == key for x in columns):
             raise (where / "key").fail(f"duplicate column key {key!r}")
         repo = need_str(c, "repo", where, None)
+        cannot_run[key] = (where, _string_table(c, "cannot_run", where))
         columns.append(Column(key, need_str(c, "title", where, key), need_str(c, "candidate", where),
                               (ws.root / repo).resolve() if repo else None))
     keys = [c.key for c in columns]
@@ -164,6 +180,7 @@ def load_catalog(path: Path, ws: Workspace | None = None) -> Catalog:
         check_keys(s, where, SECTION_KEYS)
         title = need_str(s, "title", where)
         need_str(s, "note", where, "", nonempty=False)
+        section_na = _columns_table(s, "na", where, [*keys, ORACLE_KEY])
         for rw, r in need_tables(s, "rows", where):
             check_keys(r, rw, ROW_KEYS)
             rid = need_str(r, "id", rw)
@@ -177,12 +194,19 @@ def load_catalog(path: Path, ws: Workspace | None = None) -> Catalog:
                     if p not in have:
                         raise (rw / "prove").fail(f"row {rid!r}: suite {suite!r} has no comparator {p!r} "
                                                   f"(its [compare] names {', '.join(have) or 'none'})")
-            na = _columns_table(r, "na", rw, [*keys, ORACLE_KEY])
+            na = {**section_na, **_columns_table(r, "na", rw, [*keys, ORACLE_KEY])}
             cands = _columns_table(r, "candidates", rw, keys)
             note = need_str(r, "note", rw, "", nonempty=False)
             models = _models(r, rw, default_models)
             rows.append(Row(rid, need_str(r, "title", rw), title, models, suite, tuple(prove), cands, na,
                             note))
+    shown = list(dict.fromkeys(m for r in rows for m in r.models))
+    for col in columns:
+        where, table = cannot_run[col.key]
+        for model in table:
+            if model not in shown:
+                raise (where / "cannot_run" / model).fail(str(unknown("model", model, shown)))
+    columns = [Column(c.key, c.title, c.candidate, c.repo, cannot_run[c.key][1]) for c in columns]
     title = need_str(raw, "title", top, "Features")
     intro = need_str(raw, "intro", top, "", nonempty=False)
     return Catalog(path, title, intro.strip(), tuple(columns), tuple(rows), default_models)

@@ -247,6 +247,8 @@ class Judge:
             return several
         lr, newer = self.shown(row, model, spec)
         if lr is None:
+            if model in col.cannot_run:  # no run can be made here: say why rather than "not yet"
+                return Cell("na", f"cannot be run here: {col.cannot_run[model]}", warnings=warn)
             # the same words whether or not the suite file exists yet: the page must not depend on
             # uncommitted files
             return Cell("todo", f"no record for {spec}", warnings=warn)

@@ -364,3 +364,45 @@ na = { cpp = "not this engine", oracle = "no goldens" }
     assert rows["| `cpp`"].endswith("| [❌ 1/1](#decode) | n/a |".replace("1/1", "0/1"))
     # the worst verdict wins over a pass, and a plain ✅ never counts a ☐ as passed
     assert "✅" not in rows["| `cpp`"]
+
+
+SECTION_NA = CATALOG.replace('title = "Decode"\n', 'title = "Decode"\nna = { hf = "no engine of this kind" }\n', 1)
+
+
+def test_a_section_na_applies_to_every_row_and_a_rows_own_entry_wins(ws: Workspace) -> None:
+    (ws.root / "features.toml").write_text(SECTION_NA)
+    make_record(ws)  # even a passing record: the catalog says the column does not apply
+    assert (cell(ws, "near-tie").state, cell(ws, "near-tie").text) == ("na", "no engine of this kind")
+    assert cell(ws, "exact").text == "no engine of this kind"
+    assert (cell(ws, "exact", "cpp").state, cell(ws, "exact", "cpp").text) == ("na", "not applicable to this engine")
+    own = SECTION_NA.replace('na = { cpp = "not applicable', 'na = { hf = "its own reason", cpp = "not applicable', 1)
+    (ws.root / "features.toml").write_text(own)
+    assert cell(ws, "exact").text == "its own reason" and cell(ws, "near-tie").text == "no engine of this kind"
+    assert cell(ws, "near-tie", "cpp").state == "todo"  # the section names hf only
+
+
+CANNOT_RUN = CATALOG.replace('candidate = "cpp"\n', 'candidate = "cpp"\ncannot_run = { tiny-llama = "no GPU here" }\n', 1)
+
+
+def test_a_model_a_column_cannot_run_says_why_until_a_record_speaks(ws: Workspace) -> None:
+    (ws.root / "features.toml").write_text(CANNOT_RUN)
+    c = cell(ws, col="cpp")
+    assert (c.state, c.text) == ("na", "cannot be run here: no GPU here")
+    assert cell(ws).state == "todo"  # other columns: still not yet
+    assert "| `cpp` | engine.cpp | n/a |" in generate(ws).features  # no ☐ left for it at a glance
+    make_record(ws, candidate="cpp", outcome="fail", statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8})
+    assert cell(ws, col="cpp").state == "fail"  # a record made elsewhere is shown, never hidden
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda s: s.replace("tiny-llama = ", "tiny-lama = ", 1), ".cannot_run].tiny-lama: unknown model 'tiny-lama'. Did you mean 'tiny-llama'"),
+    (lambda s: s.replace('"no GPU here"', "3", 1), ".cannot_run].tiny-llama: expected a non-empty string, got 3"),
+    (lambda s: s.replace('na = { hf = "no engine', 'na = { hff = "no engine', 1).replace(
+        'title = "Decode"\n', 'title = "Decode"\nna = { hff = "x" }\n', 1), ".na].hff: unknown column 'hff'"),
+])
+def test_section_na_and_cannot_run_errors_name_the_file_and_key(ws: Workspace, edit, needle: str) -> None:  # noqa: ANN001
+    p = ws.root / "features.toml"
+    p.write_text(edit(CANNOT_RUN))
+    with pytest.raises(CatalogError) as e:
+        load_catalog(p, ws)
+    assert str(p) in str(e.value) and needle in str(e.value)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from harness.suites import SuiteError
 from harness.workspace import Workspace
 
 CONTROLS = ("accept_all", "draft_dist", "bonus_shift")
+FAMILIES = ("vllm", "hf")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -66,12 +67,16 @@ class SpecKind:
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         s = parse(req.suite)
         name, arg = split_spec(req.candidate)
-        if name != "vllm" or arg:
+        if name not in FAMILIES or arg:
             raise SuiteError(
-                f"{req.suite.path}: the spec kind drives the pinned vLLM offline (CANDIDATE=vllm); "
-                f"{req.candidate!r} is not supported yet"
+                f"{req.suite.path}: the spec kind drives the pinned vLLM offline (CANDIDATE=vllm) or "
+                f"transformers' assisted generation (CANDIDATE=hf); {req.candidate!r} is not supported"
             )
         control = req.options.get("control") or None
+        if control is not None and name != "vllm":
+            raise SuiteError(f"CONTROL={control!r}: the planted controls live in vLLM's rejection sampler")
+        if name == "hf":  # assisted generation takes one sequence at a time
+            s = replace(s, concurrency=(1,))
         if control is not None and control not in CONTROLS:
             raise SuiteError(f"CONTROL={control!r}: valid planted controls are {', '.join(CONTROLS)}")
         cases = tuple(req.suite.build_cases(req.model.encode, req.model.limits))
@@ -85,12 +90,12 @@ class SpecKind:
         from harness.kinds.spec import run as R
         from harness.kinds.spec.drafts import counts, drafter_for
 
+        family = split_spec(req.candidate)[0]
         base = {**default_engine_settings(req.model), "disable_log_stats": False}
         t0 = time.perf_counter()
         say(
             req,
-            f"reference: the pinned vLLM without speculation, {len(p.cases)} cases greedy, "
-            f"rows of {len(p.sampled)}",
+            f"reference: {family} without speculation, {len(p.cases)} cases greedy, rows of {len(p.sampled)}",
             echo="spec",
         )
         ref = R.start(
@@ -101,11 +106,15 @@ class SpecKind:
                 p.cases, p.sampled, p.s, req.suite.sampling.max_tokens, max(1, req.suite.sampling.logprobs)
             ),
             p.run_dir,
+            family=family,
         )
         timings = {"reference_wall_s": R.wall(t0)}
         if ref.status != "ok":
             return Ran(ref=ref, timings=timings)
-        propose = drafter_for(p.s.speculative_config, int(base["max_model_len"]))
+        # the host replays vLLM's schedule with vLLM's lookup: not transformers' prompt lookup
+        propose = (
+            drafter_for(p.s.speculative_config, int(base["max_model_len"])) if family == "vllm" else None
+        )
         rows = R.load_rows(ref)
         chosen = R.choose(p.sampled, rows, p.s, propose)
         tests = R.tests_for(chosen, rows, p.s, propose)
@@ -131,6 +140,8 @@ class SpecKind:
             ],
             p.run_dir,
             p.control,
+            family,
+            engine["speculative_config"],
         )
         timings["candidate_wall_s"] = R.wall(t1)
         predicted: dict[str, int] = {}
@@ -155,10 +166,11 @@ class SpecKind:
         from harness.kinds.spec.report import extra_of, summary_of
 
         meta = ran.cand.meta if ran.cand is not None and ran.cand.status == "ok" else {}
-        info = EngineInfo(
-            req.candidate, "vllm", str(meta.get("version", "unknown")), settings=dict(ran.engine)
-        )
-        label = f"vllm-{p.s.method}" + (f"-{p.control}" if p.control else "")
+        family = split_spec(req.candidate)[0]
+        name = req.candidate + (f"+{p.control}" if p.control else "")
+        engine = {"vllm": "vllm", "hf": "transformers"}[family]
+        info = EngineInfo(name, engine, str(meta.get("version", "unknown")), settings=dict(ran.engine))
+        label = f"{family}-{p.s.method}" + (f"-{p.control}" if p.control else "")
         failed = next((x for x in (ran.ref, ran.cand) if x is None or x.status != "ok"), "none")
         if failed != "none":
             x = failed
@@ -235,7 +247,7 @@ class SpecKind:
             extra=extra,
             reference={
                 "role": "the same engine without speculation",
-                "engine": "vllm",
+                "engine": engine,
                 "version": ran.ref.meta.get("version"),
                 "settings": {
                     **{k: v for k, v in ran.engine.items() if k != "speculative_config"},

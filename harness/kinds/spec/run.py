@@ -59,6 +59,10 @@ class Started:
         return {k: v for k, v in got[0].items() if k not in ("kind", "pass")} if got else {}
 
 
+WORKERS = {"vllm": "harness.engines.vllm.spec_phase", "hf": "harness.engines.hf.spec_worker"}
+"""The engine child of each family the gate drives (both speak the same passes and lines)."""
+
+
 def start(
     key: str,
     model: ModelRef,
@@ -66,21 +70,31 @@ def start(
     passes: Sequence[Mapping[str, Any]],
     folder: Path,
     control: str | None = None,
+    family: str = "vllm",
+    speculative: Mapping[str, Any] | None = None,
 ) -> Started:
     import json
 
     folder.mkdir(parents=True, exist_ok=True)
     req, res, log = (folder / f"{key}.{x}" for x in ("request.json", "result.jsonl", "log"))
     req.write_text(
-        json.dumps({"model": model.path, "engine": dict(engine), "control": control, "passes": list(passes)})
+        json.dumps(
+            {
+                "model": model.path,
+                "engine": dict(engine),
+                "control": control,
+                "speculative": dict(speculative) if speculative else None,
+                "passes": list(passes),
+            }
+        )
     )
     exited: Exited = run_engine(
-        [sys.executable, "-m", "harness.engines.vllm.spec_phase", str(req), str(res)],
+        [sys.executable, "-m", WORKERS[family], str(req), str(res)],
         log,
         TIMEOUT_S,
         engine_env(repo_on_path=True),
         cwd=folder,
-        label=f"vLLM {key} ({model.name})",
+        label=f"{family} {key} ({model.name})",
     )
     text = log.read_text(errors="replace")
     try:

@@ -105,3 +105,48 @@ def test_schedule_replays_draft_and_bonus(tokens, roles):
 def test_counts_match_the_schedule():
     c = counts([1, 2, 3, 4, 5], [1, 2, 3, 4], _lookup)
     assert c == {"drafts": 1, "draft_tokens": 2, "accepted_tokens": 2, "emitted": 4}
+
+
+SUITE = """name = "specx"
+version = 1
+kind = "spec"
+[sampling]
+max_tokens = 8
+logprobs = 5
+[spec]
+{table}
+[[cases]]
+id = "a"
+ids = [4, 5, 6]
+"""
+
+
+@pytest.mark.parametrize(("table", "says"), [
+    ('near_tie_nats = 0.5', "[spec].speculative_config"),
+    ('speculative_config = { num_speculative_tokens = 3 }', "[spec.speculative_config].method"),
+    ('speculative_config = { method = "ngram" }\ntemperatures = [0.7, 0]', "[spec].temperatures"),
+    ('speculative_config = { method = "ngram" }\nconcurency = [4]', "concurency"),
+    ('speculative_config = { method = "ngram" }\npositions = [0, 1]', "[spec].positions"),
+])
+def test_a_bad_spec_table_is_refused_naming_file_and_key(tmp_path, table, says):
+    from harness.kinds.spec.settings import parse
+    from harness.suites import SuiteError, load_suite
+
+    path = tmp_path / "specx.toml"
+    path.write_text(SUITE.format(table=table))
+    with pytest.raises(SuiteError) as e:
+        parse(load_suite(path))
+    assert str(path) in str(e.value) and says in str(e.value)
+
+
+def test_the_committed_spec_suites_parse():
+    from harness.kinds.spec.settings import parse
+    from harness.pipeline import kind_of
+    from harness.suites import load_suite
+    from harness.workspace import Workspace
+
+    for name in ("spec", "spec_small", "spec_draft"):
+        suite = load_suite(Workspace.default().suites / f"{name}.toml")
+        assert kind_of(suite).name == "spec"
+        s = parse(suite)
+        assert s.k == 3 and sum("sampled" in c.tags for c in suite.cases) >= s.sampled_cases

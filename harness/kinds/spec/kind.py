@@ -15,7 +15,7 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,13 +23,15 @@ from harness.api import Case, EngineInfo, Verdict, failure_verdicts
 from harness.engines.base import split_spec
 from harness.excerpt import first_line
 from harness.kinds.base import GateRequest, Judgement, register_kind, say
-from harness.kinds.spec import judge as J
 from harness.kinds.spec.settings import SpecSettings, parse
 from harness.provenance import now_utc
 from harness.records import GOLDEN_CHECK, Control
 from harness.staleness import invariance_reasons
 from harness.suites import SuiteError
 from harness.workspace import Workspace
+
+if TYPE_CHECKING:  # the statistics (scipy) load when a spec gate judges, not with the kinds
+    from harness.kinds.spec import judge as J
 
 CONTROLS = ("accept_all", "draft_dist", "bonus_shift")
 FAMILIES = ("vllm", "hf")
@@ -163,6 +165,7 @@ class SpecKind:
         )
 
     def judge(self, ws: Workspace, req: GateRequest, p: Prepared, ran: Ran) -> Judgement:
+        from harness.kinds.spec import judge as J
         from harness.kinds.spec.report import extra_of, summary_of
 
         meta = ran.cand.meta if ran.cand is not None and ran.cand.status == "ok" else {}
@@ -276,6 +279,8 @@ def _controls(
     verdicts: list[Verdict],
     drawn_accepted: float = 0.0,
 ) -> list[Control]:
+    from harness.kinds.spec import judge as J
+
     planted = J.greedy_verdict(
         "planted", J.Side((1,), ((1, 2),), ((0.0, -10.0),)), J.Side((3,)), s.near_tie_nats
     )

@@ -145,7 +145,7 @@ def test_the_committed_spec_suites_parse():
     from harness.suites import load_suite
     from harness.workspace import Workspace
 
-    for name in ("spec", "spec_small", "spec_draft"):
+    for name in ("spec", "spec_small", "spec_draft", "spec_loops"):
         suite = load_suite(Workspace.default().suites / f"{name}.toml")
         assert kind_of(suite).name == "spec"
         s = parse(suite)

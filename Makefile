@@ -17,7 +17,7 @@ WORKERS   ?= auto
 # one pin (requirements/oracle.txt), a build per device: `make venv DEVICE=cuda` installs vllm==<pin>
 STAMP := $(VENV)/.installed$(if $(filter cpu,$(DEVICE)),,-$(DEVICE))
 
-.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check site site-test ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load kv-faults bisect repin sampling api rl
+.PHONY: help venv venvs system-deps gate record test test-unit lint show list features features-check site site-test ab bench matrix speed export trend plan fleet invariance docs localize plant chaos kv-load kv-faults bisect repin sampling api rl spec
 
 help:
 	@echo "make gate MODEL=tiny-llama [SUITE=smoke] [CANDIDATE=hf]   run a gate, write a record (a failing one is localized; LOCALIZE=0 skips)"
@@ -34,6 +34,7 @@ help:
 	@echo "make bench                                                hot paths vs their limits -> reports/bench/<sha>-<time>.json"
 	@echo "make speed MODEL=tiny-llama [CANDIDATE=vllm-server]        tok/s and TTFT at c1/c4/c8 beside the oracle"
 	@echo "make invariance MODEL=tiny-llama [ENGINE=vllm] [VARIANTS=batch,rl]  configurations that must not change one token"
+	@echo "make spec MODEL=tiny-llama [CONTROL=accept_all|draft_dist|bonus_shift|all]  speculative decoding"
 	@echo "make sampling MODEL=smollm2-135m [CANDIDATE=\"vllm hf llamacpp\"]  sampler parity with stated power"
 	@echo "make api MODEL=tiny-qwen3 [CANDIDATE=llamacpp]  the OpenAI API surface against vLLM's server"
 	@echo "make trend FEATURE=greedy-near-tie [METRIC=kl.mean]       a feature's metric across commits (PNG)"
@@ -183,6 +184,14 @@ rl: venv
 		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),rl)' \
 		$(if $(CANDIDATE),--candidate '$(CANDIDATE)') $(if $(CONTROL),--control '$(CONTROL)') \
 		$(if $(TRAINER),--trainer '$(TRAINER)') $(if $(DTYPE),--dtype '$(DTYPE)')
+
+# Speculative decoding (docs/spec.md): greedy exactness at scale, the sampled distribution with stated
+# power, acceptance per run. CONTROL: a planted rejection-sampler fault as its own run (accept_all,
+# draft_dist, bonus_shift) or all (the stock run, then each).
+spec: venv
+	$(BIN)/harness spec --model '$(MODEL)' \
+		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),spec)' \
+		$(if $(CONTROL),--control '$(CONTROL)')
 
 # The OpenAI API surface against the pinned vLLM's own server (docs/api.md). CANDIDATE: one spec
 # (default: the pinned vllm-server against itself; vllm-server@0.31.0, llamacpp, openai:<url>).

@@ -134,7 +134,7 @@ class Suite:
                     f"beyond the model's context of {limits.max_len}")
 
 
-JUDGED_BY_KIND = frozenset({"sampling", "api", "rl"})
+JUDGED_BY_KIND = frozenset({"sampling", "api", "rl", "spec"})
 """Suite kinds that judge with their own table, not per-case comparators: the sampling gate's bars
 and settings are its ``[sampling_gate]`` table, its controls planted samplers; the API gate's facets are
 its ``[api]`` table, its controls a fault proxy (a ``[compare]`` table is optional there)."""

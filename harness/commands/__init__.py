@@ -14,6 +14,7 @@ the pipeline that uses them.
 * :mod:`.localize_sweep`  the planted proof as a sweep (``benchmarks/localize_sweep.py``)
 * :mod:`.sampling`        ``harness sampling``
 * :mod:`.rl`              ``harness rl`` (the RL weight-sync gate, its planted controls)
+* :mod:`.spec`            ``harness spec`` (the speculative-decoding gate, its planted controls)
 * :mod:`.bisect`          ``harness bisect``
 * :mod:`.repin`           ``harness repin``
 * :mod:`.fleet`           ``harness plan``, ``harness pin``, ``harness merge`` (the fleet)
@@ -22,9 +23,22 @@ the pipeline that uses them.
 
 from __future__ import annotations
 
-from harness.commands import bisect, fleet, gate, localize, pages, records, repin, rl, sampling, site, speed
+from harness.commands import (
+    bisect,
+    fleet,
+    gate,
+    localize,
+    pages,
+    records,
+    repin,
+    rl,
+    sampling,
+    site,
+    spec,
+    speed,
+)
 
 SUBCOMMANDS = (*gate.SUBCOMMANDS, *records.SUBCOMMANDS, *pages.SUBCOMMANDS, *speed.SUBCOMMANDS,
                *localize.SUBCOMMANDS, *bisect.SUBCOMMANDS, *repin.SUBCOMMANDS, *sampling.SUBCOMMANDS,
-               *rl.SUBCOMMANDS, *fleet.SUBCOMMANDS, *site.SUBCOMMANDS)
+               *rl.SUBCOMMANDS, *spec.SUBCOMMANDS, *fleet.SUBCOMMANDS, *site.SUBCOMMANDS)
 """Every subcommand these modules declare, in the order ``harness --help`` lists them."""

@@ -143,6 +143,10 @@ def _suite_comparators(ws: Workspace, suite: str) -> list[str] | None:
         from harness.kinds.rl.settings import verdict_names as rl_verdicts
 
         return rl_verdicts(raw)
+    if raw.get("kind") == "spec":  # greedy, sampled, and a planted control's catch
+        from harness.kinds.spec.settings import VERDICTS as spec_verdicts
+
+        return list(spec_verdicts)
     if raw.get("kind") == "api":  # one comparator per facet of its [api] table
         api = raw.get("api")
         facets = api.get("facets") if isinstance(api, dict) else None

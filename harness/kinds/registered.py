@@ -12,6 +12,7 @@ from harness.kinds.localize import kind as localize  # noqa: F401 - it registers
 from harness.kinds.parity import kind as parity  # noqa: F401 - it registers
 from harness.kinds.rl import kind as rl  # noqa: F401 - it registers
 from harness.kinds.sampling import kind as sampling  # noqa: F401 - it registers
+from harness.kinds.spec import kind as spec  # noqa: F401 - it registers
 from harness.kinds.summary import SUMMARIES, is_summary
 from harness.records import Record
 from harness.staleness import Current, common_reasons

@@ -9,7 +9,9 @@ BPE tokenizer trained here on :mod:`harness.models.corpus`:
 * ``tiny-gemma3``  Gemma3ForCausalLM: 2 sliding-window (64 tokens) + 1 full-attention layer, so vLLM
   keeps several KV-cache groups;
 * ``tiny-gpt2``    GPT2LMHeadModel: LayerNorm, GELU MLP, learned positions (2048), MHA;
-* ``tiny-qwen3-moe`` Qwen3MoeForCausalLM: 4 experts, 2 routed per token.
+* ``tiny-qwen3-moe`` Qwen3MoeForCausalLM: 4 experts, 2 routed per token;
+* ``tiny-llama-draft`` tiny-llama's draft model for speculative decoding: the same family, seed and
+  tokenizer, one layer (its embedding and first layer are tiny-llama's; its output projection is not).
 
 The output projection is scaled so each model is decisive: the median top-1/top-2 logprob gap of
 its greedy tokens on the smoke suite is well above 1 nat, so its greedy outputs are not all near-ties
@@ -44,6 +46,8 @@ SPECS: dict[str, TinySpec] = {s.name: s for s in (
     TinySpec("tiny-gpt2", "gpt2", "GPT-2: LayerNorm, GELU MLP, learned positions, MHA, tied",
              num_kv_heads=2, intermediate_size=512, max_position_embeddings=2048, seed=20261203,
              init_std=0.2),
+    TinySpec("tiny-llama-draft", summary="a draft for tiny-llama's speculative decoding: Llama, 1 layer, "
+             "the same tokenizer", num_layers=1, chat_template="llama3"),
     TinySpec("tiny-qwen3-moe", "qwen3_moe", "Qwen3-MoE: 4 experts, top-2 routing, q/k norm",
              num_experts=4, experts_per_token=2, moe_intermediate_size=128, seed=20261204,
              chat_template="qwen3"),

@@ -1,0 +1,239 @@
+"""One engine of the speculative-decoding gate: ONE vLLM engine (with or without a
+``speculative_config``), in its own process, over the gate's passes.
+
+    python -m harness.engines.vllm.spec_phase REQUEST.json RESULT.jsonl
+
+REQUEST.json::
+
+    {"model": ..., "engine": {LLM kwargs}, "control": null | "accept_all" | ...,
+     "passes": [{"name": "greedy", "kind": "greedy", "max_tokens": 128, "logprobs": 5,
+                 "requests": [{"key", "prompt_ids"}]},
+                {"name": "rows", "kind": "rows", "max_tokens": 5, "requests": [{"key", "prompt_ids"}]},
+                {"name": "t0.7/c4", "kind": "draws", "concurrency": 4, "temperature": 0.7,
+                 "max_tokens": 5, "requests": [{"key", "prompt_ids", "n", "seed"}]}]}
+
+``greedy``: every request in one ``generate`` call (temperature 0), top-``logprobs`` per position.
+``rows``: greedy for ``max_tokens`` with the whole distribution (raw logprobs, every vocabulary
+entry) at every step, one ``[steps, vocab]`` ``.npy`` file per request beside RESULT.jsonl (the
+engine needs ``max_logprobs=-1``).
+``draws``: ``n`` seeded draws per request (seeds ``seed .. seed + n - 1``), submitted
+``concurrency`` requests per ``generate`` call, so that exactly that many are verified together.
+Each pass ends with a ``counters`` line: the change of vLLM's speculative-decoding counters over it.
+
+``control``: a planted fault in the engine's rejection sampler (:data:`CONTROLS`), installed in the
+engine's worker process before the first pass: the gate must fail it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from harness.engines.vllm.phase import read_counters
+from harness.engines.vllm.worker import exit_without_teardown, output_fields, serve_passes
+
+COUNTERS = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+    "vllm:generation_tokens",
+)
+"""vLLM's counters of speculation (drafts, drafted tokens, accepted tokens) and emitted tokens."""
+
+CONTROLS = {
+    "accept_all": "every drafted token accepted (lossy acceptance)",
+    "draft_dist": "a rejected position's token drawn from the draft's distribution, not the residual",
+    "bonus_shift": "the bonus token drawn from the last draft position's distribution (off by one)",
+}
+"""The planted faults of the rejection sampler: name -> what is wrong."""
+
+
+def plant(worker: Any, control: str) -> str:
+    """Runs in the engine's worker process (``collective_rpc``): wrap vLLM's ``rejection_sample``
+    with the planted fault ``control``. The original runs first; the fault rewrites its output."""
+    import torch
+    from vllm.v1.sample import rejection_sampler as rs
+
+    original = rs.rejection_sample
+
+    def planted(
+        draft_token_ids: Any,
+        num_draft_tokens: list[int],
+        max_spec_len: int,
+        cu_num_draft_tokens: Any,
+        draft_probs: Any,
+        target_logits: Any,
+        bonus_token_ids: Any,
+        sampling_metadata: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        out = original(
+            draft_token_ids,
+            num_draft_tokens,
+            max_spec_len,
+            cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
+            *args,
+            **kwargs,
+        )
+        start = 0
+        greedy = sampling_metadata.all_greedy
+        for i, d in enumerate(num_draft_tokens):
+            end = start + d
+            if d > 0:
+                drafts = draft_token_ids[start:end]
+                row = out[i, : d + 1]
+                if control == "accept_all":
+                    row[:d] = drafts
+                    row[d] = bonus_token_ids[i].reshape(())
+                elif control == "draft_dist":
+                    # where the residual max(0, p - q) is due after a rejection, the draft's q is
+                    # drawn from (for an n-gram draft: its one token)
+                    for j in range(d):
+                        if int(row[j]) != int(drafts[j]):
+                            if draft_probs is None:
+                                row[j] = drafts[j]
+                            else:
+                                row[j] = torch.multinomial(draft_probs[start + j].float(), 1)[0]
+                            break
+                elif control == "bonus_shift" and int(row[d]) >= 0 and bool((row[:d] == drafts).all()):
+                    logits = target_logits[end - 1].float()
+                    row[d] = logits.argmax() if greedy else torch.multinomial(torch.softmax(logits, -1), 1)[0]
+            start = end
+        return out
+
+    rs.rejection_sample = planted
+    return control
+
+
+def _greedy(llm: Any, sp: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    k = int(p.get("logprobs", 5))
+    reqs = p["requests"]
+    params = sp(temperature=0.0, max_tokens=int(p["max_tokens"]), logprobs=k or None, seed=0)
+    t0 = time.perf_counter()
+    results = llm.generate(
+        [{"prompt_token_ids": list(r["prompt_ids"])} for r in reqs], params, use_tqdm=False
+    )
+    wall = time.perf_counter() - t0
+    return [
+        {"kind": "case", "pass": p["name"], "key": r["key"], **output_fields(res, k)}
+        for r, res in zip(reqs, results, strict=True)
+    ], wall
+
+
+def _rows(llm: Any, sp: Any, p: dict[str, Any], folder: str) -> tuple[list[dict[str, Any]], float]:
+    """Greedy for ``max_tokens`` with the whole distribution at every step: row i is the raw
+    logprobs of position i given the prompt and the greedy tokens before it."""
+    import numpy as np
+
+    vocab = int(llm.llm_engine.model_config.get_vocab_size())
+    reqs = p["requests"]
+    params = sp(temperature=0.0, max_tokens=int(p["max_tokens"]), logprobs=-1, seed=0, ignore_eos=True)
+    t0 = time.perf_counter()
+    results = llm.generate(
+        [{"prompt_token_ids": list(r["prompt_ids"])} for r in reqs], params, use_tqdm=False
+    )
+    lines = []
+    for i, (r, res) in enumerate(zip(reqs, results, strict=True)):
+        steps = res.outputs[0].logprobs or []
+        rows = np.full((len(steps), vocab), -np.inf, np.float32)
+        for t, step in enumerate(steps):
+            rows[t, np.fromiter(step.keys(), np.int64, len(step))] = np.fromiter(
+                (v.logprob for v in step.values()), np.float32, len(step)
+            )
+        path = os.path.join(folder, f"rows-{i:04d}.npy")
+        np.save(path, rows)
+        lines.append(
+            {
+                "kind": "rows",
+                "pass": p["name"],
+                "key": r["key"],
+                "path": path,
+                "token_ids": [int(t) for t in res.outputs[0].token_ids],
+            }
+        )
+    return lines, time.perf_counter() - t0
+
+
+def _draws(llm: Any, sp: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    conc = max(1, int(p.get("concurrency", 1)))
+    width = int(p["max_tokens"])
+    prompts, params, owner = [], [], []
+    for r in p["requests"]:
+        for j in range(int(r["n"])):
+            prompts.append({"prompt_token_ids": list(r["prompt_ids"])})
+            params.append(
+                sp(
+                    temperature=float(p["temperature"]),
+                    top_p=1.0,
+                    top_k=0,
+                    max_tokens=width,
+                    seed=int(r["seed"]) + j,
+                    ignore_eos=True,
+                    detokenize=False,
+                )
+            )
+            owner.append(r["key"])
+    got: dict[str, list[list[int]]] = {r["key"]: [] for r in p["requests"]}
+    t0 = time.perf_counter()
+    for lo in range(0, len(prompts), conc):
+        for key, res in zip(
+            owner[lo : lo + conc],
+            llm.generate(prompts[lo : lo + conc], params[lo : lo + conc], use_tqdm=False),
+            strict=True,
+        ):
+            got[key].append([int(t) for t in res.outputs[0].token_ids])
+    wall = time.perf_counter() - t0
+    return [{"kind": "draws", "pass": p["name"], "key": k, "tokens": v} for k, v in got.items()], wall
+
+
+def run_pass(
+    llm: Any, sp: Any, p: dict[str, Any], folder: str, control: str | None
+) -> tuple[list[dict[str, Any]], float]:
+    if control and not getattr(llm, "_harness_planted", False):
+        llm.collective_rpc(plant, args=(control,))
+        llm._harness_planted = True
+    before = read_counters(llm, COUNTERS)
+    kind = p.get("kind")
+    if kind == "greedy":
+        lines, wall = _greedy(llm, sp, p)
+    elif kind == "rows":
+        lines, wall = _rows(llm, sp, p, folder)
+    else:
+        lines, wall = _draws(llm, sp, p)
+    after = read_counters(llm, COUNTERS)
+    if isinstance(before, str) or isinstance(after, str):
+        counters: dict[str, Any] = {"unreadable": before if isinstance(before, str) else after}
+    else:
+        counters = {n: after[n] - before[n] for n in COUNTERS}
+    lines.append({"kind": "counters", "pass": p["name"], "wall_s": wall, **counters})
+    return lines, wall
+
+
+def main(request_path: str, result_path: str) -> int:
+    with open(request_path) as f:
+        req = json.load(f)
+    control = req.get("control")
+    if control is not None and control not in CONTROLS:
+        raise SystemExit(f"unknown control {control!r}: {', '.join(CONTROLS)}")
+    if control:  # the plant reaches the engine's worker as a pickled function
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    folder = os.path.dirname(os.path.abspath(result_path))
+    with open(result_path, "w") as out:
+        return serve_passes(
+            req,
+            out,
+            lambda llm, sp, p: run_pass(llm, sp, p, folder, control),
+            meta=lambda llm: {"control": control},
+        )
+
+
+if __name__ == "__main__":
+    exit_without_teardown(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,1 @@
+"""The speculative-decoding gate (``kind = "spec"``): see :mod:`harness.kinds.spec.kind`."""

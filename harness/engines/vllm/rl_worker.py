@@ -118,6 +118,7 @@ def _update(llm: Any, step: dict) -> dict[str, Any]:
     return {
         "update_s": seconds,
         "received": received,
+        "repacked": llm.collective_rpc(vllm_rl_backend.repacked)[0],
         "memcpy_s": _memcpy_s(sum(r["bytes"] for r in received)),
     }
 

@@ -111,6 +111,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         "control_what": ctl.PLANTED.get(p.control or "", None),
         "logprobs_mode": MODE,
         "backend": "harness_files",
+        "repack": "cpu" if p.repack else None,
     }
     if ran.failure is not None:
         vs = failure(req, p, ran)
@@ -197,6 +198,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
                     {"names": len(x["names"]), "bytes": x["bytes"]} for x in line.get("received", [])
                 ],
                 "checksums": _checksum_table(arr),
+                "repacked": line.get("repacked"),
             }
         )
     verdicts.append(jd.judge_growth(per_step, p.s))

@@ -134,15 +134,18 @@ def packed_experts(model: Any) -> dict[str, tuple[Any, Any]]:
     }
 
 
-def repack_cpu(model: Any, before: dict[str, tuple[Any, Any]]) -> list[str]:
+def repack_cpu(model: Any, before: dict[str, tuple[Any, Any]], on_cpu: bool | None = None) -> list[str]:
     """Redo what the reload skipped on a CPU (:data:`REPACKS`) from the values now in each layer's
     parameters; returns ``"<kind>:<module>"`` per layer redone (none off a CPU). A MoE layer is
     repacked only where the update changed its stacks (one the update left alone still holds its
     prepacked values, ``before``: packing them again would scramble them)."""
     import torch
-    from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
+    if on_cpu is None:
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+    if not on_cpu:
         return []
     done = []
     with torch.no_grad():

@@ -388,3 +388,13 @@ def test_the_cpu_repack_redoes_only_what_an_update_reloaded() -> None:
     assert model.moved.quant_method.moe_kernel.fused_experts.packed == [model.moved]
     assert model.kept.quant_method.moe_kernel.fused_experts.packed == []
     assert model.tied.quant_method.redone == [model.tied] and model.untied.quant_method.redone == []
+
+
+def test_version_spans_name_the_tokens_another_version_sampled() -> None:
+    ok = jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, [{"version": "2", "start": 0, "end": 3}])})
+    assert ok.status == "pass" and "every token of 1 rollouts" in ok.summary
+    stale = jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, [{"version": "1", "start": 0, "end": 3}])})
+    assert stale.status == "fail" and "rollout s2-c0: tokens 0-3 by version '1'" in stale.summary
+    short = jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, [{"version": "2", "start": 0, "end": 2}])})
+    assert short.status == "fail" and "cover 2 of its 3 tokens" in short.summary
+    assert jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, None)}).status == "pass"

@@ -83,10 +83,19 @@ def _rollouts(llm: Any, sp_cls: Any, sampling: dict, rollouts: list[dict], step:
                 "chosen_logprobs": chosen,
                 "finish_reason": o.finish_reason or "",
                 "num_cached_tokens": getattr(res, "num_cached_tokens", None),
-                "weight_version": getattr(res, "weight_version", None),
+                "weight_versions": _spans(o),
             }
         )
     return lines
+
+
+def _spans(o: Any) -> list[dict[str, Any]] | None:
+    """Which weight version sampled which output tokens (``CompletionOutput.weight_versions``, set on
+    the final output), or None where the engine does not say."""
+    spans = getattr(o, "weight_versions", None)
+    if spans is None:
+        return None
+    return [{"version": str(s.version), "start": int(s.start), "end": int(s.end)} for s in spans]
 
 
 def _routes(llm: Any, sp_cls: Any, cases: list[dict], rollouts: list[dict]) -> dict[str, Any]:

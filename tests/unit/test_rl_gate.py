@@ -335,3 +335,66 @@ def test_routing_replay_in_the_trainer_is_exact_for_its_own_routes(tmp_path: Pat
     partial = {k: np.where(np.arange(len(v))[:, None] < 20, -1, v) for k, v in routes[0].items()}
     kept, _ = hf_score(folder, seqs, "float32", [partial])  # -1: the trainer's own choice
     assert np.allclose(kept[0], logits[0], atol=1e-4, rtol=0)
+
+
+def test_the_cpu_repack_redoes_only_what_an_update_reloaded() -> None:
+    """vllm:repack=cpu: a MoE layer whose stacks the update rewrote is packed again; one the update
+    left alone still holds its packed values and is not packed twice; a tied LM head is re-dispatched
+    from the embedding it shares, an untied one is not."""
+    import torch
+
+    from harness.engines.vllm.rl_backend import packed_experts, repack_cpu
+
+    class Experts:
+        def __init__(self) -> None:
+            self.packed: list[torch.nn.Module] = []
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            self.packed.append(layer)
+
+    class Method:
+        def __init__(self) -> None:
+            self.moe_kernel = type("Kernel", (), {"fused_experts": Experts()})()
+            self.redone: list[torch.nn.Module] = []
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            self.redone.append(layer)
+
+    class MoE(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w13_weight = torch.nn.Parameter(torch.randn(2, 4, 3), requires_grad=False)
+            self.w2_weight = torch.nn.Parameter(torch.randn(2, 3, 2), requires_grad=False)
+            self.quant_method = Method()
+
+    VocabParallelEmbedding = type("VocabParallelEmbedding", (torch.nn.Module,), {})
+    ParallelLMHead = type("ParallelLMHead", (torch.nn.Module,), {})
+    model = torch.nn.Module()
+    model.moved, model.kept = MoE(), MoE()
+    model.embed = VocabParallelEmbedding()
+    model.embed.weight = torch.nn.Parameter(torch.randn(5, 3), requires_grad=False)
+    model.tied, model.untied = ParallelLMHead(), ParallelLMHead()
+    model.tied.weight = model.embed.weight
+    model.untied.weight = torch.nn.Parameter(torch.randn(5, 3), requires_grad=False)
+    for head in (model.tied, model.untied):
+        head.quant_method = Method()
+    before = packed_experts(model)
+    assert set(before) == {"moved", "kept"}
+    with torch.no_grad():
+        model.moved.w13_weight.add_(1.0)  # the update wrote checkpoint-layout values here only
+    assert repack_cpu(model, before, on_cpu=False) == []
+    done = repack_cpu(model, before, on_cpu=True)
+    assert done == ["moe_experts:moved", "tied_lm_head:tied"]
+    assert model.moved.quant_method.moe_kernel.fused_experts.packed == [model.moved]
+    assert model.kept.quant_method.moe_kernel.fused_experts.packed == []
+    assert model.tied.quant_method.redone == [model.tied] and model.untied.quant_method.redone == []
+
+
+def test_version_spans_name_the_tokens_another_version_sampled() -> None:
+    ok = jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, [{"version": "2", "start": 0, "end": 3}])})
+    assert ok.status == "pass" and "every token of 1 rollouts" in ok.summary
+    stale = jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, [{"version": "1", "start": 0, "end": 3}])})
+    assert stale.status == "fail" and "rollout s2-c0: tokens 0-3 by version '1'" in stale.summary
+    short = jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, [{"version": "2", "start": 0, "end": 2}])})
+    assert short.status == "fail" and "cover 2 of its 3 tokens" in short.summary
+    assert jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, None)}).status == "pass"

@@ -45,6 +45,7 @@ def run_session(
     routes: Mapping[str, int] | None,
     timeout_s: float,
     python: str | None = None,
+    repack: bool = False,
 ) -> Session:
     """Start the engine once and run ``steps`` (the worker's request format); raises
     :class:`EngineRefused` / :class:`EngineFailed` with the engine's own reason when it did not."""
@@ -56,7 +57,7 @@ def run_session(
             {
                 "model": model,
                 "engine": {**engine, **RL_ENGINE_SETTINGS, "weight_transfer_config": {"backend": BACKEND}},
-                "init_info": {"folder": str(work)},
+                "init_info": {"folder": str(work), "repack": repack},
                 "tap_dir": str(work / "taps"),
                 "routes": routes,
                 "sampling": dict(sampling),

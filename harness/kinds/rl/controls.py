@@ -172,6 +172,19 @@ def version_controls() -> list[Control]:
     return [
         _control(VERSION, "the version did not advance", "fail", judge_version(2, "2", "1", "1")),
         _control(VERSION, "the version asked", "pass", judge_version(2, "2", "2", "1")),
+        _control(
+            VERSION,
+            "tokens sampled by the previous version",
+            "fail",
+            judge_version(2, "2", "2", "1", {"r": (4, [{"version": "1", "start": 0, "end": 2},
+                                                       {"version": "2", "start": 2, "end": 4}])}),
+        ),
+        _control(
+            VERSION,
+            "every token by the version asked",
+            "pass",
+            judge_version(2, "2", "2", "1", {"r": (4, [{"version": "2", "start": 0, "end": 4}])}),
+        ),
     ]
 
 

@@ -227,9 +227,20 @@ def judge_weights(step: int, arrivals: Sequence[Any], s: RLSettings) -> Verdict:
     )
 
 
-def judge_version(step: int, asked: str, reported: str | None, prev: str | None) -> Verdict:
+def judge_version(
+    step: int,
+    asked: str,
+    reported: str | None,
+    prev: str | None,
+    spans: Mapping[str, tuple[int, Sequence[Mapping[str, Any]] | None]] | None = None,
+) -> Verdict:
+    """The engine's weight version after the step's update: the one asked, advanced; and, where the
+    engine reports it (``spans``: rollout id -> (sampled tokens, its ``weight_versions`` spans)),
+    every sampled token produced by that version."""
     case = f"step{step}"
-    ev = {"asked": asked, "reported": reported, "previous": prev}
+    ev: dict[str, Any] = {"asked": asked, "reported": reported, "previous": prev}
+    if spans is not None:
+        ev["token_versions"] = {rid: list(sp) if sp is not None else None for rid, (_, sp) in spans.items()}
     if reported != asked:
         return Verdict(
             case,
@@ -242,4 +253,24 @@ def judge_version(step: int, asked: str, reported: str | None, prev: str | None)
         return Verdict(
             case, VERSION, "fail", f"rl_version FAIL: the version did not advance ({reported!r})", evidence=ev
         )
-    return Verdict(case, VERSION, "pass", f"weight version {reported}", evidence=ev)
+    for rid, (n, sp) in (spans or {}).items():
+        if sp is None:
+            continue
+        other = [d for d in sp if str(d.get("version")) != asked]
+        covered = sum(int(d["end"]) - int(d["start"]) for d in sp)
+        if other or covered != n:
+            what = (
+                f"tokens {other[0]['start']}-{other[0]['end']} by version {other[0]['version']!r}"
+                if other
+                else f"spans cover {covered} of its {n} tokens"
+            )
+            why = f"rl_version FAIL: rollout {rid}: {what}, not version {asked!r}"
+            return Verdict(case, VERSION, "fail", why, evidence=ev)
+    said = sum(sp is not None for _, sp in (spans or {}).values())
+    return Verdict(
+        case,
+        VERSION,
+        "pass",
+        f"weight version {reported}" + (f"; every token of {said} rollouts by it" if said else ""),
+        evidence=ev,
+    )

@@ -41,6 +41,11 @@ from harness.staleness import invariance_reasons
 from harness.suites import SuiteError
 from harness.workspace import Workspace
 
+REPACK_ARG = "repack=cpu"
+"""``CANDIDATE=vllm:repack=cpu``: after each update the harness's backend redoes on a CPU what vLLM's
+reload leaves undone (:data:`harness.engines.vllm.rl_backend.REPACKS`) — a repair beside vLLM's
+path, recorded under its own candidate; plain ``vllm`` judges vLLM's path as it is."""
+
 
 class RLKind:
     name = "rl"
@@ -52,9 +57,10 @@ class RLKind:
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         s = parse(req.suite)
         name, arg = split_spec(req.candidate)
-        if name != "vllm" or arg:
+        if name != "vllm" or arg not in (None, REPACK_ARG):
             raise SuiteError(
-                f"{req.suite.path}: the rl kind drives the pinned vLLM offline (CANDIDATE=vllm); "
+                f"{req.suite.path}: the rl kind drives the pinned vLLM offline (CANDIDATE=vllm, or "
+                f"vllm:{REPACK_ARG} with the harness's CPU repack after each update); "
                 f"{req.candidate!r} is not supported yet"
             )
         control = req.options.get("control") or None
@@ -100,6 +106,7 @@ class RLKind:
             moe=bool(cfg.get("num_experts")),
             tied=bool(cfg.get("tie_word_embeddings", False)),
             top_k=int(cfg.get("num_experts_per_tok") or 0),
+            repack=arg == REPACK_ARG,
         )
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
@@ -130,6 +137,7 @@ class RLKind:
                 p.run_dir / "engine",
                 {"top_k": p.top_k, "step": 0} if p.moe else None,
                 START_TIMEOUT_S,
+                repack=p.repack,
             )
         except (EngineRefused, EngineFailed) as e:
             status = "refused" if isinstance(e, EngineRefused) else "error"

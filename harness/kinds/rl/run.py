@@ -108,6 +108,8 @@ class Prepared:
     tied: bool
     top_k: int = 0
     """Experts per token (a MoE model's ``num_experts_per_tok``)."""
+    repack: bool = False
+    """The backend redoes the CPU repack vLLM's reload skips (``CANDIDATE=vllm:repack=cpu``)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -111,6 +111,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         "control_what": ctl.PLANTED.get(p.control or "", None),
         "logprobs_mode": MODE,
         "backend": "harness_files",
+        "repack": "cpu" if p.repack else None,
     }
     if ran.failure is not None:
         vs = failure(req, p, ran)
@@ -178,7 +179,12 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         arr = [a for a in arr if a.name not in processed]
         all_arrivals = all_arrivals or arr
         verdicts.append(jd.judge_weights(k, arr, p.s))
-        verdicts.append(jd.judge_version(k, str(k), line.get("weight_version"), prev_version))
+        spans = {
+            str(c["id"]): (len(c.get("token_ids") or ()), c.get("weight_versions"))
+            for c in ran.session.cases.get(k, ())
+            if "weight_versions" in c
+        }
+        verdicts.append(jd.judge_version(k, str(k), line.get("weight_version"), prev_version, spans or None))
         prev_version = line.get("weight_version")
         cached = [c.get("num_cached_tokens") for c in ran.session.cases.get(k, ())]
         steps_json.append(
@@ -197,6 +203,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
                     {"names": len(x["names"]), "bytes": x["bytes"]} for x in line.get("received", [])
                 ],
                 "checksums": _checksum_table(arr),
+                "repacked": line.get("repacked"),
             }
         )
     verdicts.append(jd.judge_growth(per_step, p.s))

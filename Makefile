@@ -101,7 +101,7 @@ show: venv
 # tests/integration runs real engines (every test there is marked `integration`). The unit tier runs
 # in parallel (one pytest-xdist worker a core), then the integration tier, also in parallel, a module
 # at a time per worker (`--dist loadfile`: a module's engines start once; the modules sharing the
-# session's pooled engine are one group, tests/integration/conftest.py); both run, and the make fails
+# session's pooled engines are one group per engine, tests/integration/conftest.py); both run, and the make fails
 # if either did. With PYTEST_ARGS: one session of exactly those arguments
 # (`make test PYTEST_ARGS=tests/integration/test_speed.py`).
 test: venv

@@ -7,8 +7,8 @@ on a 7 GiB CI runner), least recently used out first: in alphabetical order a te
 of one configuration pushed its engine out, and the second user started it again.
 
 Under pytest-xdist (``make test`` runs this tier with ``-n auto --dist loadfile``) a module is one
-unit of work, so its module-scoped engines start once, and the pool's users are one unit together
-(:data:`POOL_GROUP`), in that order, on one worker with one pool. An engine start is mostly one
+unit of work, so its module-scoped engines start once, and the pool's users sharing an engine are one unit
+(:data:`POOL_GROUPS`), in that order, on one worker with one pool. An engine start is mostly one
 thread's work (imports, tracing, loading), so two workers on two cores overlap their starts."""
 
 from __future__ import annotations
@@ -33,14 +33,17 @@ SHARED_ENGINE_ORDER = (
     # tiny-llama, default settings, through `harness matrix` in this process
     "test_matrix.py",
 )
-POOL_GROUP = "tiny-llama-pool"
+POOL_GROUPS = {"test_full_vocab_vllm.py": "full-vocab", "test_ab.py": "full-vocab"}
+"""The pool's users in two units of work: the full-vocabulary engine's and the default engine's
+(every other module of :data:`SHARED_ENGINE_ORDER`); the two share no engine, so each worker can
+take one."""
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadfile`` with the pool's users as one unit: a module is one unit of work (its
-    module-scoped engines start once), and the modules of :data:`SHARED_ENGINE_ORDER` are one unit,
-    in that order, on one worker with one engine pool."""
+    """``--dist loadfile`` with the pool's users grouped: a module is one unit of work (its
+    module-scoped engines start once), and the modules of :data:`SHARED_ENGINE_ORDER` that share an
+    engine are one unit (:data:`POOL_GROUPS`), in that order, on one worker with one engine pool."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -48,7 +51,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return POOL_GROUP if Path(path).name in SHARED_ENGINE_ORDER else path
+            name = Path(path).name
+            if name in SHARED_ENGINE_ORDER:
+                return POOL_GROUPS.get(name, "default-engine")
+            return path
 
     return ByModule(config, log)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.engines.launch.venvs import ensure_venv, new_venv, read_venv, run_logged
+from harness.engines.launch.procs import pid_running
+from harness.engines.launch.venvs import VenvError, ensure_venv, new_venv, read_venv, run_logged
 from harness.installer import InstallError, find_uv, installer_for, pip_settings, uv_options, uv_pin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,3 +181,20 @@ def test_make_venvs_entry_point_fills_the_venv_and_writes_a_stamp_naming_the_ins
     assert got["requirements"] == ["--no-index", str(wheel)] and got["install_s"] > 0
     assert _probe(venv / "bin/python") == "1.0"
     assert "filled" in res.stdout
+
+
+def test_a_step_past_its_limit_is_stopped_with_everything_it_started(tmp_path: Path) -> None:
+    """A build step's compilers are its children's children: giving up on the step stops them too
+    (a timed-out vllm.cpp build once left ninja compiling for minutes after the harness had gone)."""
+    pidfile, log = tmp_path / "grandchild.pid", tmp_path / "step.log"
+    script = f"sleep 60 & echo $! > {pidfile}; wait"
+    with pytest.raises(VenvError, match=r"planted step: gave up after 1 s"):
+        run_logged(["sh", "-c", script], log, "planted step", timeout_s=1)
+    grandchild = int(pidfile.read_text())
+    assert not pid_running(grandchild), "the step's own child outlived the step"
+    assert log.read_text().startswith("$ sh -c")
+
+
+def test_a_step_within_its_limit_returns_its_output(tmp_path: Path) -> None:
+    out = run_logged(["sh", "-c", "echo made"], tmp_path / "step.log", "planted step", timeout_s=30)
+    assert out.strip() == "made"

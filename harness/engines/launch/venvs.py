@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engines.launch.procs import kill_group, parent_death_signal, track
 from harness.files import locked
 from harness.installer import Installer, create_venv, installer_for
 from harness.provenance import now_utc
@@ -227,25 +228,34 @@ def ensure_venv(folder: Path, version: str, install: Callable[[Path, str, Path],
         return info
 
 
-def run_logged(cmd: list[str], log: Path, what: str, env: Mapping[str, str] | None = None) -> str:
+def run_logged(cmd: list[str], log: Path, what: str, env: Mapping[str, str] | None = None,
+               timeout_s: float | None = None) -> str:
     """Run ``cmd`` with its output appended to ``log`` (so a long install can be followed there),
-    then the seconds it took (``# 12.3 s: installing ...``)."""
+    then the seconds it took (``# 12.3 s: installing ...``). ``cmd`` leads a process group of its
+    own: after ``timeout_s`` (default ``$HARNESS_VENV_TIMEOUT_S``) the whole group is stopped, so
+    a build's compilers do not run on after the harness gave up on it."""
+    limit = INSTALL_TIMEOUT_S if timeout_s is None else timeout_s
     with log.open("a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
         start, t0 = fh.tell(), time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=parent_death_signal(),
+                                env={**os.environ, "PIP_NO_INPUT": "1", **(env or {})})
+        track(proc)
         try:
-            res = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=INSTALL_TIMEOUT_S,
-                                 env={**os.environ, "PIP_NO_INPUT": "1", **(env or {})})
+            proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            raise VenvError(f"{what}: gave up after {INSTALL_TIMEOUT_S:.0f} s (log: {log})") from None
+            raise VenvError(f"{what}: gave up after {limit:.0f} s (log: {log})") from None
+        finally:
+            kill_group(proc)
     with log.open("r+") as fh:
         fh.seek(start)
         out = fh.read()
         fh.write(f"# {time.perf_counter() - t0:.1f} s: {what}\n")
-    if res.returncode != 0:
+    if proc.returncode != 0:
         tail = "\n".join(out.strip().splitlines()[-15:])
-        raise VenvError(f"{what} failed (exit {res.returncode}; full log: {log}):\n{tail}")
+        raise VenvError(f"{what} failed (exit {proc.returncode}; full log: {log}):\n{tail}")
     return out
 
 

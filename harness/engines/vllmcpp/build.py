@@ -51,6 +51,8 @@ CMAKE_ARGS: tuple[str, ...] = (
 TARGETS: tuple[str, ...] = ("server", WORKER_TARGET)
 SKIP_DIRS = frozenset({".git", "build", ".cache", "__pycache__"})
 BUILD_TIMEOUT_S = float(os.environ.get("HARNESS_VLLMCPP_BUILD_TIMEOUT_S", "7200"))
+"""Each build step's limit (the venvs' 2400 s is too short: ~15 min on two idle cores, over
+40 min on two shared ones)."""
 
 
 class BuildError(RuntimeError):
@@ -222,7 +224,7 @@ def _fresh_worker(built: Build, jobs: int) -> Build:
     t0 = time.perf_counter()
     try:
         run_logged(["cmake", "--build", str(built.folder / "build"), "-j", str(jobs), "--target",
-                    WORKER_TARGET], log, "vllm.cpp: the harness worker")
+                    WORKER_TARGET], log, "vllm.cpp: the harness worker", timeout_s=BUILD_TIMEOUT_S)
     except VenvError as e:
         raise BuildError(str(e)) from None
     facts = {**built.facts, "worker_digest": digest, "worker_build_s": round(time.perf_counter() - t0, 1)}
@@ -267,9 +269,9 @@ def _build(root: Path, folder: Path, source: Source, compiler: str, log: Path, j
     t0 = time.perf_counter()
     try:
         run_logged(["cmake", "-S", str(src), "-B", str(folder / "build"), *CMAKE_ARGS], log,
-                   "vllm.cpp: cmake configure")
+                   "vllm.cpp: cmake configure", timeout_s=BUILD_TIMEOUT_S)
         run_logged(["cmake", "--build", str(folder / "build"), "-j", str(jobs), "--target", *TARGETS],
-                   log, "vllm.cpp: build")
+                   log, "vllm.cpp: build", timeout_s=BUILD_TIMEOUT_S)
     except VenvError as e:
         raise BuildError(str(e)) from None
     build_s = time.perf_counter() - t0

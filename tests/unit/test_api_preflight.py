@@ -80,3 +80,12 @@ def test_a_source_path_that_does_not_exist_exits_2_with_one_line_and_no_record(
     assert len(err.splitlines()) == 1 and "does not exist" in err and str(missing) in err, err
     assert not records(ws), "a usage error wrote a record"
     assert time.perf_counter() - t0 < 30
+
+
+def test_llamacpp_on_a_family_its_gguf_export_does_not_write_is_refused_in_seconds(ws: Workspace) -> None:
+    t0 = time.perf_counter()
+    rec = run_gate_by_name(ws, "tiny-qwen3", SUITE, "llamacpp", write=False).record
+    assert rec.outcome == "refused", rec.summary
+    assert "tiny-qwen3: the harness writes GGUFs of LlamaForCausalLM only" in rec.summary, rec.summary
+    assert "oracle_start_s" not in rec.timings, "the oracle's server started before the candidate was checked"
+    assert time.perf_counter() - t0 < 60  # the oracle's start alone takes minutes on a shared host

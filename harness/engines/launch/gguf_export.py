@@ -78,6 +78,18 @@ def _rope_theta(cfg: Mapping[str, Any]) -> float:
     return float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
 
 
+def exportable(model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config when the harness can write its GGUF; else :class:`GGUFExportError`
+    saying why (read from ``config.json`` alone: seconds, nothing written)."""
+    cfg: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    archs = cfg.get("architectures") or []
+    if archs != ["LlamaForCausalLM"]:
+        raise GGUFExportError(f"{model_dir}: the harness writes GGUFs of LlamaForCausalLM only, not {archs}; "
+                              f"serve the model's own GGUF (llamacpp:gguf=<path>)")
+    _rope_theta(cfg)
+    return cfg
+
+
 def export_gguf(model_dir: Path, kind: str, out_dir: Path, name: str, digest: str,
                 source: Path | None = None) -> GGUFFile:
     """The ``kind`` GGUF of the checkpoint in ``model_dir`` (written first if missing)."""
@@ -111,11 +123,7 @@ def _write(model_dir: Path, kind: str, out: Path, source: Path | None) -> dict[s
     import gguf
     from safetensors.numpy import load_file
 
-    cfg = json.loads((model_dir / "config.json").read_text())
-    archs = cfg.get("architectures") or []
-    if archs != ["LlamaForCausalLM"]:
-        raise GGUFExportError(f"{model_dir}: the harness writes GGUFs of LlamaForCausalLM only, not {archs}; "
-                              f"serve the model's own GGUF (llamacpp:gguf=<path>)")
+    cfg = exportable(model_dir)
     n_layer, n_head = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
     n_kv = int(cfg.get("num_key_value_heads") or n_head)
     hidden = int(cfg["hidden_size"])

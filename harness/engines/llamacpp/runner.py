@@ -46,7 +46,7 @@ from typing import Any
 
 from harness.api import EngineFailed, EngineInfo, EngineRefused
 from harness.engines.base import ENGINES, RunnerContext, parse_options
-from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf
+from harness.engines.launch.gguf_export import KINDS, GGUFExportError, GGUFFile, export_gguf, exportable
 from harness.engines.launch.loopback import LoopbackServer
 from harness.engines.launch.venvs import STAMP, VenvError, VenvInfo
 from harness.engines.llamacpp.sampler import LlamaCppSampling
@@ -206,6 +206,15 @@ class LlamaCppRunner(ServerSpeedLevels, ManagedServerRunner, LlamaCppSampling):
         self.gguf = self._gguf()
         self.timings["gguf_ready_s"] = time.perf_counter() - t0
         return self.venv, self.gguf
+
+    def preflight(self) -> None:
+        """A GGUF the harness would write but cannot (an architecture its export does not write) is
+        refused from ``config.json`` before anything starts, in the words ``start`` would use."""
+        if self.gguf_choice in KINDS:
+            try:
+                exportable(Path(self.model.path))
+            except GGUFExportError as e:
+                raise EngineRefused(f"{self.name}: {e}") from None
 
     def start(self) -> None:
         if not self.prefix_cache:

@@ -40,7 +40,7 @@ from harness.kinds.api.surface import base_probes, control, judge, ordinary_text
 from harness.kinds.base import GateRequest, Judgement, engine_info, register_kind, say
 from harness.oracle import oracle_spec
 from harness.records import Control, Record
-from harness.staleness import Current, reference_reasons
+from harness.staleness import Current, model_reasons, reference_reasons, suite_reasons
 from harness.workspace import Workspace
 
 API_ENGINES = ("vllm-server", "vllm-server@<release>", "llamacpp", "openai:<url>")
@@ -99,8 +99,12 @@ class ApiKind:
     tables = ("api",)
 
     def stale(self, rec: Record, cur: Current) -> list[str]:
-        """The A/B rule (suite, model, both servers' release) and the chat template's own digest."""
-        why = reference_reasons(rec, cur)
+        """The A/B rule (suite, model, both servers' release) and the chat template's own digest. A
+        candidate refused before the oracle's server started ran no oracle: the pin does not date it."""
+        if rec.outcome == "refused" and "oracle_start_s" not in rec.timings:
+            why = suite_reasons(rec, cur) + model_reasons(rec, cur)
+        else:
+            why = reference_reasons(rec, cur)
         tpl = (rec.extra.get("api") or {}).get("template") or {}
         path = cur.ws.root / "models" / str(rec.model.get("name", "")) / "chat_template.jinja"
         if tpl.get("source") == "chat_template.jinja" and path.is_file():

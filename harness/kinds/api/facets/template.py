@@ -4,7 +4,7 @@ preservation (the render of turns 1..k is a prefix of the render of 1..k+1)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -83,6 +83,37 @@ def conversations(
     }
 
 
+def rendered(ref: Any, messages: Sequence[Mapping[str, Any]], tools: Any) -> dict[str, Any]:
+    """A probe's meta: the reference render of a conversation, or why the model's own chat template
+    refuses it (SmolLM2's concatenates ``message['content']``, so the ``null`` content of an assistant
+    turn holding a tool call raises): the row then says so, and the run goes on."""
+    try:
+        return {"reference": ref.render(messages, tools)}
+    except Exception as e:  # a template raises whatever its own expressions raise (TypeError, jinja's)
+        return {"refused": f"{type(e).__name__}: {e}"}
+
+
+def refused(p: Probe, c: View) -> Verdict | None:
+    """The row of a conversation the model's template refuses: nothing to compare the server's prompt
+    with (``skip``), saying what the template raised and what the server did with it."""
+    why = p.meta.get("refused")
+    if why is None:
+        return None
+    server = (
+        f"the server refused it too ({c.error})"
+        if not c.ok
+        else "the server answered it anyway"
+        + (f" ({c.usage['prompt_tokens']} prompt tokens)" if c.usage and "prompt_tokens" in c.usage else "")
+    )
+    return verdict(
+        p.facet,
+        p.id,
+        "skip",
+        f"the model's chat template refuses this conversation (transformers: {why}); {server}",
+        template_refuses=why,
+    )
+
+
 def evidence(v: View, expected: Sequence[int]) -> tuple[str, bool | None, str]:
     """(which evidence the reply gave, does it match the reference — None: none —, in words)."""
     if v.prompt_ids is not None:
@@ -126,8 +157,8 @@ class Template:
         out = []
         for cid, (msgs, tools) in conversations(list(ctx.texts.values())).items():
             body = chat(msgs, 1, **({"tools": tools} if tools else {}))
-            ref = ctx.reference.render(msgs, tools)
-            out.append(Probe(f"template/{cid}", self.key, "/chat/completions", body, meta={"reference": ref}))
+            meta = rendered(ctx.reference, msgs, tools)
+            out.append(Probe(f"template/{cid}", self.key, "/chat/completions", body, meta=meta))
         return out
 
     def judge(
@@ -135,8 +166,11 @@ class Template:
     ) -> list[Verdict]:
         out = []
         for p in probes:
-            ref = list(p.meta["reference"])
             c = seen(candidate, p.id)
+            if (finding := refused(p, c)) is not None:
+                out.append(finding)
+                continue
+            ref = list(p.meta["reference"])
             if not c.ok:
                 out.append(verdict(self.key, p.id, False, f"no answer: {c.error}"))
                 continue

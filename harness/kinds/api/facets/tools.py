@@ -12,7 +12,14 @@ from typing import Any, ClassVar
 
 from harness.api import Verdict
 from harness.kinds.api.facets.base import FACETS, Context, Observed, Probe, chat, seen, verdict
-from harness.kinds.api.facets.template import TOOLS, conversations, evidence, no_free_whitespace
+from harness.kinds.api.facets.template import (
+    TOOLS,
+    conversations,
+    evidence,
+    no_free_whitespace,
+    refused,
+    rendered,
+)
 from harness.kinds.api.views import View
 
 
@@ -67,7 +74,7 @@ class Tools:
                 self.key,
                 "/chat/completions",
                 chat(msgs, 1, tools=tools),
-                meta={"reference": ctx.reference.render(msgs, tools)},
+                meta=rendered(ctx.reference, msgs, tools),
             ),
         ]
 
@@ -77,6 +84,9 @@ class Tools:
         out = []
         for p in probes:
             o, c = seen(oracle, p.id), seen(candidate, p.id)
+            if (finding := refused(p, c)) is not None:
+                out.append(finding)
+                continue
             if not c.ok:
                 out.append(verdict(self.key, p.id, False, f"no answer: {c.error}"))
                 continue

@@ -150,3 +150,18 @@ def test_the_committed_spec_suites_parse():
         assert kind_of(suite).name == "spec"
         s = parse(suite)
         assert s.k == 3 and sum("sampled" in c.tags for c in suite.cases) >= s.sampled_cases
+
+
+def test_a_draw_cap_lowers_max_draws_and_refuses_anything_else(tmp_path):
+    from harness.kinds.spec.kind import with_draw_cap
+    from harness.kinds.spec.settings import parse
+    from harness.suites import SuiteError, load_suite
+
+    path = tmp_path / "specx.toml"
+    path.write_text(SUITE.format(table='speculative_config = { method = "ngram" }\nmax_draws = 1200'))
+    s = parse(load_suite(path))
+    assert with_draw_cap(s, None) is s
+    assert with_draw_cap(s, 150).max_draws == 150 and with_draw_cap(s, 150).to_json()["max_draws"] == 150
+    for bad, says in ((0, ">= 1"), (True, ">= 1"), ("150", ">= 1"), (5000, "never raises")):
+        with pytest.raises(SuiteError, match=says):
+            with_draw_cap(s, bad)

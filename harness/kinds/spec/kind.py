@@ -44,6 +44,8 @@ class Prepared:
     sampled: tuple[Case, ...]
     run_dir: Path
     control: str | None
+    draw_cap: int | None = None
+    """``DRAWS=``: the run's cap below the suite's ``max_draws`` (None: the suite's)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -81,11 +83,13 @@ class SpecKind:
             s = replace(s, concurrency=(1,))
         if control is not None and control not in CONTROLS:
             raise SuiteError(f"CONTROL={control!r}: valid planted controls are {', '.join(CONTROLS)}")
+        cap = req.options.get("max_draws")
+        s = with_draw_cap(s, cap)
         cases = tuple(req.suite.build_cases(req.model.encode, req.model.limits))
         sampled = tuple(c for c in cases if s.sampled_tag in c.tags)
         stamp = now_utc().replace(":", "").replace("-", "")
         run_dir = (ws.runs / f"spec-{stamp}-{req.model.slug}-{secrets.token_hex(3)}").resolve()
-        return Prepared(s, cases, sampled, run_dir, control)
+        return Prepared(s, cases, sampled, run_dir, control, cap)
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
         from harness.engines.vllm.runner import default_engine_settings
@@ -258,6 +262,18 @@ class SpecKind:
                 },
             },
         )
+
+
+def with_draw_cap(s: SpecSettings, cap: Any) -> SpecSettings:
+    """The settings with ``max_draws`` lowered to ``cap`` (``DRAWS=``: a run that must fit a time
+    budget; the record's settings carry the cap and each test states the TV it then detects)."""
+    if cap is None:
+        return s
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise SuiteError(f"DRAWS={cap!r}: expected a whole number of draws >= 1")
+    if cap > s.max_draws:
+        raise SuiteError(f"DRAWS={cap}: a cap lowers the suite's max_draws ({s.max_draws}), never raises it")
+    return replace(s, max_draws=cap)
 
 
 def _drafter_config(ws: Workspace, cfg: Any) -> dict[str, Any]:

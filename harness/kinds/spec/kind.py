@@ -230,7 +230,7 @@ class SpecKind:
         sampled = J.sampled_verdicts(ran.tests, tokens, p.s.alpha, p.s.power)
         verdicts += sampled
         if p.control is not None:
-            verdicts.append(J.control_verdict(p.control, verdicts))
+            verdicts.append(J.control_verdict(p.control, verdicts, req.candidate))
         drawn_accepted = sum(
             float(d.get("vllm:spec_decode_num_accepted_tokens") or 0.0)
             for d in ran.cand.lines("counters")

@@ -215,8 +215,14 @@ def accepted_draws(verdicts: Sequence[Verdict]) -> int:
 
 def lossy(test: Test) -> np.ndarray:
     """The distribution a lossy acceptance (every drafted token accepted) gives the position: all
-    mass on the draft at a drafted position; the reference elsewhere."""
-    if test.slot is None or test.slot.role != "draft" or test.slot.draft is None:
+    mass on the draft at a drafted position, the reference elsewhere; where the roles are not known
+    (a draft model's, transformers'), a drafter proposing the reference's greedy token: all mass
+    on that token."""
+    if test.slot is None:
+        alt = np.zeros_like(test.q)
+        alt[int(np.argmax(test.q))] = 1.0
+        return alt
+    if test.slot.role != "draft" or test.slot.draft is None:
         return test.q
     alt = np.zeros_like(test.q)
     alt[test.slot.draft] = 1.0

@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # the statistics (scipy) load when a spec gate judges, not wi
     from harness.kinds.spec import judge as J
 
 CONTROLS = ("accept_all", "draft_dist", "bonus_shift")
-FAMILIES = ("vllm", "hf")
+FAMILIES = {"vllm": "vllm", "hf": "transformers", "llamacpp": "llama.cpp"}
+"""The candidate families the gate drives -> their engine's name."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -73,13 +74,14 @@ class SpecKind:
         name, arg = split_spec(req.candidate)
         if name not in FAMILIES or arg:
             raise SuiteError(
-                f"{req.suite.path}: the spec kind drives the pinned vLLM offline (CANDIDATE=vllm) or "
-                f"transformers' assisted generation (CANDIDATE=hf); {req.candidate!r} is not supported"
+                f"{req.suite.path}: the spec kind drives the pinned vLLM offline (CANDIDATE=vllm), "
+                "transformers' assisted generation (CANDIDATE=hf) or llama-cpp-python's prompt lookup "
+                f"(CANDIDATE=llamacpp); {req.candidate!r} is not supported"
             )
         control = req.options.get("control") or None
         if control is not None and name != "vllm":
             raise SuiteError(f"CONTROL={control!r}: the planted controls live in vLLM's rejection sampler")
-        if name == "hf":  # assisted generation takes one sequence at a time
+        if name != "vllm":  # assisted generation and Llama.generate take one sequence at a time
             s = replace(s, concurrency=(1,))
         if control is not None and control not in CONTROLS:
             raise SuiteError(f"CONTROL={control!r}: valid planted controls are {', '.join(CONTROLS)}")
@@ -97,7 +99,11 @@ class SpecKind:
         from harness.kinds.spec.drafts import counts, drafter_for
 
         family = split_spec(req.candidate)[0]
-        base = {**default_engine_settings(req.model), "disable_log_stats": False}
+        base = (
+            {**default_engine_settings(req.model), "disable_log_stats": False}
+            if family != "llamacpp"
+            else {"gguf": "f32", "n_ctx": 512}
+        )
         t0 = time.perf_counter()
         say(
             req,
@@ -117,10 +123,8 @@ class SpecKind:
         timings = {"reference_wall_s": R.wall(t0)}
         if ref.status != "ok":
             return Ran(ref=ref, timings=timings)
-        # the host replays vLLM's schedule with vLLM's lookup: not transformers' prompt lookup
-        propose = (
-            drafter_for(p.s.speculative_config, int(base["max_model_len"])) if family == "vllm" else None
-        )
+        # the host replays the schedule with the engine's own lookup (vLLM's, llama-cpp-python's)
+        propose = drafter_for(p.s.speculative_config, int(base.get("max_model_len") or 0), family)
         rows = R.load_rows(ref)
         chosen = R.choose(p.sampled, rows, p.s, propose)
         tests = R.tests_for(chosen, rows, p.s, propose)
@@ -175,7 +179,7 @@ class SpecKind:
         meta = ran.cand.meta if ran.cand is not None and ran.cand.status == "ok" else {}
         family = split_spec(req.candidate)[0]
         name = req.candidate + (f"+{p.control}" if p.control else "")
-        engine = {"vllm": "vllm", "hf": "transformers"}[family]
+        engine = FAMILIES[family]
         info = EngineInfo(name, engine, str(meta.get("version", "unknown")), settings=dict(ran.engine))
         label = f"{family}-{p.s.method}" + (f"-{p.control}" if p.control else "")
         failed = next((x for x in (ran.ref, ran.cand) if x is None or x.status != "ok"), "none")

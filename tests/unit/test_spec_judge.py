@@ -211,3 +211,13 @@ def test_the_llama_cpp_worker_counts_proposals_as_the_replay_does():
     want = counts(prompt, tokens, propose)
     assert (got[worker.DRAFTS], got[worker.DRAFTED], got[worker.ACCEPTED]) == (
         want["drafts"], want["draft_tokens"], want["accepted_tokens"])
+
+
+def test_a_control_run_guards_its_own_verdict():
+    from harness.kinds.spec.kind import _controls
+    from harness.kinds.spec.settings import CONTROL, SpecSettings
+
+    s = SpecSettings({"method": "ngram"})
+    got = [c for c in _controls((), [], s, [], 0.0, "accept_all") if c.comparator == CONTROL]
+    assert [(c.expect, c.got, c.ok) for c in got] == [("fail", "fail", True), ("pass", "pass", True)]
+    assert not [c for c in _controls((), [], s, [], 0.0, None) if c.comparator == CONTROL]

@@ -240,7 +240,7 @@ class SpecKind:
             for d in ran.cand.lines("counters")
             if d.get("pass") != "greedy"
         )
-        controls = _controls(ran.tests, tokens, p.s, verdicts, drawn_accepted)
+        controls = _controls(ran.tests, tokens, p.s, verdicts, drawn_accepted, p.control)
         timings = {
             **ran.timings,
             "judge_s": time.perf_counter() - t0,
@@ -298,6 +298,7 @@ def _controls(
     s: SpecSettings,
     verdicts: list[Verdict],
     drawn_accepted: float = 0.0,
+    control: str | None = None,
 ) -> list[Control]:
     from harness.kinds.spec import judge as J
 
@@ -320,6 +321,13 @@ def _controls(
             planted.status == "fail",
         ),
     ]
+    if control is not None:  # the control verdict itself: a planted fault no test caught must fail
+        for name, status, expect in (
+            ("a planted fault every test missed", "pass", "fail"),
+            ("a planted fault one greedy test caught", "fail", "pass"),
+        ):
+            got = J.control_verdict(control, [Verdict("planted", J.GREEDY, status, status)]).status
+            out.append(Control(J.CONTROL, name, expect, got, got == expect))  # type: ignore[arg-type]
     if not tests:
         return out
     counts = [int(t.size) for t in tokens]

@@ -221,3 +221,15 @@ def test_a_control_run_guards_its_own_verdict():
     got = [c for c in _controls((), [], s, [], 0.0, "accept_all") if c.comparator == CONTROL]
     assert [(c.expect, c.got, c.ok) for c in got] == [("fail", "fail", True), ("pass", "pass", True)]
     assert not [c for c in _controls((), [], s, [], 0.0, None) if c.comparator == CONTROL]
+
+
+def test_without_a_replayed_drafter_the_cases_most_likely_on_the_greedy_path_are_drawn():
+    from harness.api import Case
+    from harness.kinds.spec.run import choose
+    from harness.kinds.spec.settings import SpecSettings
+
+    s = SpecSettings({"method": "draft_model"}, positions=(1, 2), sampled_cases=1, temperatures=(0.7, 1.0))
+    flat, sharp = np.log(np.full((3, 4), 0.25)), np.log(np.array([[0.97, 0.01, 0.01, 0.01]] * 3))
+    cases = [Case(x, (1, 2), tags=("sampled",)) for x in ("flat", "sharp")]
+    rows = {"flat": ((0, 0, 0), flat), "sharp": ((0, 0, 0), sharp)}
+    assert [c.id for c in choose(cases, rows, s, None)] == ["sharp"]

@@ -162,11 +162,16 @@ def choose(
     propose: Drafter | None,
 ) -> list[Case]:
     """The ``sampled_cases`` cases whose judged positions are most often drafted with the greedy
-    token (ties: the suite's order)."""
+    token (ties: the suite's order); without a replayed drafter (a draft model, transformers'
+    lookup), those whose draws most often follow the greedy path to the last judged position (at
+    the lowest temperature), so that their tests judge draws at all."""
 
-    def hits(c: Case) -> int:
-        if propose is None or c.id not in rows:
+    def hits(c: Case) -> float:
+        if c.id not in rows:
             return 0
+        if propose is None:
+            path, lp = rows[c.id]
+            return path_probability(lp, path[: max(s.positions)], min(s.temperatures))
         path = rows[c.id][0]
         slots = schedule(c.prompt_ids, path, propose)
         return sum(

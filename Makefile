@@ -187,11 +187,13 @@ rl: venv
 
 # Speculative decoding (docs/spec.md): greedy exactness at scale, the sampled distribution with stated
 # power, acceptance per run. CONTROL: a planted rejection-sampler fault as its own run (accept_all,
-# draft_dist, bonus_shift) or all (the stock run, then each).
+# draft_dist, bonus_shift) or all (the stock run, then each). CANDIDATE: vllm (default) or hf
+# (transformers' assisted generation). DRAWS: a cap below the suite's max_draws (the record says so).
 spec: venv
 	$(BIN)/harness spec --model '$(MODEL)' \
 		--suite '$(if $(filter command line,$(origin SUITE)),$(SUITE),spec)' \
-		$(if $(CONTROL),--control '$(CONTROL)')
+		$(if $(CANDIDATE),--candidate '$(CANDIDATE)') $(if $(CONTROL),--control '$(CONTROL)') \
+		$(if $(DRAWS),--max-draws '$(DRAWS)')
 
 # The OpenAI API surface against the pinned vLLM's own server (docs/api.md). CANDIDATE: one spec
 # (default: the pinned vllm-server against itself; vllm-server@0.31.0, llamacpp, openai:<url>).

@@ -24,6 +24,14 @@ def spec_args(p: argparse.ArgumentParser) -> None:
         help=f"a planted fault in the rejection sampler, its own run: {', '.join(CONTROLS)}; "
         "'all': the stock run and each",
     )
+    p.add_argument(
+        "--max-draws",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap the draws per (case, temperature, concurrency) below the suite's max_draws, so a "
+        "slow model's run fits its time; the record states the TV each test then detects",
+    )
 
 
 def cmd_spec(a: argparse.Namespace, ws: Workspace) -> int:
@@ -35,7 +43,11 @@ def cmd_spec(a: argparse.Namespace, ws: Workspace) -> int:
     ok = True
     for control in runs:
         res = run_gate_by_name(
-            ws, a.model, a.suite, a.candidate, options={"progress": note, "control": control}
+            ws,
+            a.model,
+            a.suite,
+            a.candidate,
+            options={"progress": note, "control": control, "max_draws": a.max_draws},
         )
         path = res.path.relative_to(ws.root) if res.path.is_relative_to(ws.root) else res.path
         print_record(res.record, str(path), console)

@@ -254,6 +254,8 @@ class Judge:
             return Cell("todo", f"no record for {spec}", warnings=warn)
         rec = lr.record
         state, text = judge_record(rec, row.prove)
+        if state == "pass" and (unproven := self.not_told_apart(row, model, rec)):
+            state, text = "partial", f"{text}; {unproven}"
         counted = state in ("pass", "partial", "fail", "vacuous") and rec.outcome != "error"
         count = tally(rec, row.prove) if counted else ""
         why = self.stale(lr)
@@ -262,6 +264,26 @@ class Judge:
             state, count = "stale", ""
         return Cell(state, text, lr.path, rec.harness.get("sha"), rec.candidate.sha, warn,
                     device_class(rec), self._newer(newer), count=count)
+
+    def not_told_apart(self, row: Row, model: str, rec: Record) -> str | None:
+        """A planted control caught (a proving verdict naming its ``stock`` candidate) proves the gate
+        bites only if some test it failed passes in the stock candidate's record of the same suite;
+        a catch where the engine fails on its own is no proof. None when it is told apart."""
+        for v in rec.verdicts:
+            stock = v.evidence.get("stock") if v.comparator in row.prove and v.status == "pass" else None
+            if not stock:
+                continue
+            own, _ = self.shown(row, model, str(stock))
+            if own is None:
+                return f"no {stock} record of {row.suite} to tell the planted fault from the engine's own"
+            passed = {(x.comparator, x.case_id) for x in own.record.verdicts if x.status == "pass"}
+            caught = [(x.comparator, x.case_id) for x in rec.verdicts
+                      if x.status == "fail" and x.comparator not in row.prove]
+            if not any(c in passed for c in caught):
+                where = ", ".join(sorted({c for c, _ in caught}))
+                return (f"not told apart: caught only by {where} tests that {stock} fails without the "
+                        f"fault ({own.path})")
+        return None
 
     def several(self, row: Row, model: str, spec: str | None) -> Cell | None:
         """A glob column (``vllm@*``) matched by records of several engine releases: one cell that

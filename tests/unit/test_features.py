@@ -406,3 +406,33 @@ def test_section_na_and_cannot_run_errors_name_the_file_and_key(ws: Workspace, e
     with pytest.raises(CatalogError) as e:
         load_catalog(p, ws)
     assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_a_planted_control_caught_only_where_the_stock_engine_fails_is_no_proof(ws: Workspace) -> None:
+    from dataclasses import replace
+
+    from harness.api import Verdict
+    from harness.records import write_record
+
+    (ws.root / "features.toml").write_text(CATALOG + """
+[[sections.rows]]
+id = "planted"
+title = "a planted fault fails the gate"
+model = "tiny-llama"
+suite = "smoke"
+prove = ["strict"]
+candidates = { hf = "hf+planted" }
+""")
+    caught = {"near_tie": ["pass"] * 5 + ["fail"] * 3, "strict": ["pass"] * 8}
+    rec, _ = make_record(ws, candidate="hf+planted", statuses=caught, outcome="fail", write=False,
+                         controls=None)
+    rec = replace(rec, verdicts=(*rec.verdicts, Verdict("planted", "strict", "pass", "planted caught",
+                                                        evidence={"stock": "hf"})))
+    write_record(ws.records, rec)
+    c = cell(ws, "planted")
+    assert c.state == "partial" and "no hf record of smoke" in c.text
+    make_record(ws, statuses=caught, outcome="fail", created="2026-11-30T01:00:00Z")  # fails alone
+    c = cell(ws, "planted")
+    assert c.state == "partial" and "not told apart: caught only by near_tie" in c.text
+    make_record(ws, created="2026-11-30T02:00:00Z")  # the stock engine passes every test it failed
+    assert cell(ws, "planted").state == "pass"

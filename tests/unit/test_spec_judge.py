@@ -150,3 +150,86 @@ def test_the_committed_spec_suites_parse():
         assert kind_of(suite).name == "spec"
         s = parse(suite)
         assert s.k == 3 and sum("sampled" in c.tags for c in suite.cases) >= s.sampled_cases
+
+
+def test_a_draw_cap_lowers_max_draws_and_refuses_anything_else(tmp_path):
+    from harness.kinds.spec.kind import with_draw_cap
+    from harness.kinds.spec.settings import parse
+    from harness.suites import SuiteError, load_suite
+
+    path = tmp_path / "specx.toml"
+    path.write_text(SUITE.format(table='speculative_config = { method = "ngram" }\nmax_draws = 1200'))
+    s = parse(load_suite(path))
+    assert with_draw_cap(s, None) is s
+    assert with_draw_cap(s, 150).max_draws == 150 and with_draw_cap(s, 150).to_json()["max_draws"] == 150
+    for bad, says in ((0, ">= 1"), (True, ">= 1"), ("150", ">= 1"), (5000, "never raises")):
+        with pytest.raises(SuiteError, match=says):
+            with_draw_cap(s, bad)
+
+
+def test_llama_cpp_prompt_lookup_takes_the_longest_tail_and_its_first_occurrence():
+    from harness.kinds.spec.drafts import lookup_drafter
+
+    propose = lookup_drafter({"num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    # the tail (7, 8) occurs first at 1 and again at 5: the first occurrence's continuation
+    assert propose([6, 7, 8, 1, 2, 7, 8, 3, 7, 8]) == [1, 2, 7]
+    # the 3-gram (1, 2, 3) beats the 1-gram (3); a continuation stops where the context does
+    assert propose([3, 9, 1, 2, 3, 5, 1, 2, 3]) == [5, 1, 2]
+    assert propose([4, 5, 4]) == [5, 4]
+    assert propose([1, 2, 3]) == [] and propose([1]) == []
+
+
+def test_a_lossy_double_without_roles_puts_all_mass_on_the_greedy_token():
+    q = np.array([0.2, 0.5, 0.3])
+    assert J.lossy(_test(q, None)).tolist() == [0.0, 1.0, 0.0]  # no roles: a drafter of the greedy token
+    assert J.lossy(_test(q, Slot("draft", 2))).tolist() == [0.0, 0.0, 1.0]
+    assert J.lossy(_test(q, Slot("bonus"))).tolist() == q.tolist()
+
+
+def test_the_llama_cpp_worker_counts_proposals_as_the_replay_does():
+    import importlib.util
+
+    from harness.kinds.spec.drafts import counts, lookup_drafter
+    from harness.workspace import REPO_ROOT
+
+    path = REPO_ROOT / "harness" / "engines" / "llamacpp" / "spec_worker.py"
+    spec = importlib.util.spec_from_file_location("spec_worker_under_test", path)
+    assert spec is not None and spec.loader is not None
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    propose = lookup_drafter({"num_speculative_tokens": 3, "prompt_lookup_max": 2})
+    prompt, tokens = [5, 6, 7, 5, 6, 7, 5], [6, 7, 9, 5, 6, 8, 8, 8]
+    seen = worker.Proposals(lambda ids: np.asarray(propose(list(ids)), np.intc))
+    i = 1  # the engine asks the drafter after the prefill and after each verified window
+    while i < len(tokens):
+        proposal = list(seen(np.asarray(prompt + tokens[:i], np.intc)))
+        kept = 0
+        while kept < len(proposal) and i + kept < len(tokens) and tokens[i + kept] == proposal[kept]:
+            kept += 1
+        i += kept + 1  # the kept drafts, then the replacement or the bonus
+    got = seen.count(prompt + tokens)
+    want = counts(prompt, tokens, propose)
+    assert (got[worker.DRAFTS], got[worker.DRAFTED], got[worker.ACCEPTED]) == (
+        want["drafts"], want["draft_tokens"], want["accepted_tokens"])
+
+
+def test_a_control_run_guards_its_own_verdict():
+    from harness.kinds.spec.kind import _controls
+    from harness.kinds.spec.settings import CONTROL, SpecSettings
+
+    s = SpecSettings({"method": "ngram"})
+    got = [c for c in _controls((), [], s, [], 0.0, "accept_all") if c.comparator == CONTROL]
+    assert [(c.expect, c.got, c.ok) for c in got] == [("fail", "fail", True), ("pass", "pass", True)]
+    assert not [c for c in _controls((), [], s, [], 0.0, None) if c.comparator == CONTROL]
+
+
+def test_without_a_replayed_drafter_the_cases_most_likely_on_the_greedy_path_are_drawn():
+    from harness.api import Case
+    from harness.kinds.spec.run import choose
+    from harness.kinds.spec.settings import SpecSettings
+
+    s = SpecSettings({"method": "draft_model"}, positions=(1, 2), sampled_cases=1, temperatures=(0.7, 1.0))
+    flat, sharp = np.log(np.full((3, 4), 0.25)), np.log(np.array([[0.97, 0.01, 0.01, 0.01]] * 3))
+    cases = [Case(x, (1, 2), tags=("sampled",)) for x in ("flat", "sharp")]
+    rows = {"flat": ((0, 0, 0), flat), "sharp": ((0, 0, 0), sharp)}
+    assert [c.id for c in choose(cases, rows, s, None)] == ["sharp"]

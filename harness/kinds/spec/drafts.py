@@ -114,9 +114,34 @@ def ngram_drafter(config: Mapping[str, Any], max_model_len: int) -> Drafter:
     return propose
 
 
-def drafter_for(config: Mapping[str, Any], max_model_len: int) -> Drafter | None:
-    """The drafter whose proposals the host can replay (n-gram), or None (a draft model's proposals
-    depend on its own sampling: its positions are judged without attribution)."""
-    if config.get("method") == "ngram":
+def lookup_drafter(config: Mapping[str, Any]) -> Drafter:
+    """llama-cpp-python's prompt lookup (``LlamaPromptLookupDecoding(max_ngram_size=prompt_lookup_max,
+    num_pred_tokens=k)``), restated: for n from ``prompt_lookup_max`` down to 1, the context's last n
+    tokens are looked up from its start; the first occurrence followed by anything proposes up to k
+    of the tokens after it. ``prompt_lookup_min`` plays no part (n goes down to 1)."""
+    hi = int(config.get("prompt_lookup_max", 2))
+    k = int(config.get("num_speculative_tokens", 1))
+
+    def propose(ctx: Sequence[int]) -> list[int]:
+        seq = [int(t) for t in ctx]
+        size = len(seq)
+        for n in range(min(hi, size - 1), 0, -1):
+            tail = seq[size - n :]
+            for at in range(size - n):  # an occurrence that ends before the context does
+                if seq[at : at + n] == tail:
+                    return seq[at + n : at + n + k]
+        return []
+
+    return propose
+
+
+def drafter_for(config: Mapping[str, Any], max_model_len: int, family: str = "vllm") -> Drafter | None:
+    """The drafter whose proposals the host can replay — vLLM's n-gram lookup, llama-cpp-python's
+    prompt lookup (whose ``generate`` verifies on vLLM's schedule) — or None: a draft model's
+    proposals depend on its own sampling, and transformers' prompt lookup stops drafting before the
+    last token, so their positions are judged without attribution."""
+    if config.get("method") != "ngram":
+        return None
+    if family == "vllm":
         return ngram_drafter(config, max_model_len)
-    return None
+    return lookup_drafter(config) if family == "llamacpp" else None

@@ -215,8 +215,14 @@ def accepted_draws(verdicts: Sequence[Verdict]) -> int:
 
 def lossy(test: Test) -> np.ndarray:
     """The distribution a lossy acceptance (every drafted token accepted) gives the position: all
-    mass on the draft at a drafted position; the reference elsewhere."""
-    if test.slot is None or test.slot.role != "draft" or test.slot.draft is None:
+    mass on the draft at a drafted position, the reference elsewhere; where the roles are not known
+    (a draft model's, transformers'), a drafter proposing the reference's greedy token: all mass
+    on that token."""
+    if test.slot is None:
+        alt = np.zeros_like(test.q)
+        alt[int(np.argmax(test.q))] = 1.0
+        return alt
+    if test.slot.role != "draft" or test.slot.draft is None:
         return test.q
     alt = np.zeros_like(test.q)
     alt[test.slot.draft] = 1.0
@@ -234,10 +240,14 @@ def planted_draws(
     ]
 
 
-def control_verdict(control: str, verdicts: Sequence[Verdict]) -> Verdict:
+def control_verdict(control: str, verdicts: Sequence[Verdict], stock: str | None = None) -> Verdict:
+    """A planted control's run: ``pass`` when a greedy or sampled test failed, naming the first of
+    each. ``stock``: the candidate without the fault — a catch proves the gate bites only at tests
+    that candidate passes on its own (the pages compare the two records' failing tests)."""
     fails = [v for v in verdicts if v.comparator in (GREEDY, SAMPLED) and v.status == "fail"]
     if not fails:
-        return Verdict(control, CONTROL, "fail", f"planted {control} NOT caught: every test passed")
+        return Verdict(control, CONTROL, "fail", f"planted {control} NOT caught: every test passed",
+                       evidence={"stock": stock} if stock else {})
     first = {c: next((v for v in fails if v.comparator == c), None) for c in (GREEDY, SAMPLED)}
     named = "; ".join(f"{v.comparator} {v.case_id} at position {v.evidence.get('position')}"
                       for v in first.values() if v is not None)
@@ -245,4 +255,5 @@ def control_verdict(control: str, verdicts: Sequence[Verdict]) -> Verdict:
                    f"first {named}",
                    evidence={"failing": len(fails),
                              "greedy_failing": sum(v.comparator == GREEDY for v in fails),
-                             "sampled_failing": sum(v.comparator == SAMPLED for v in fails)})
+                             "sampled_failing": sum(v.comparator == SAMPLED for v in fails),
+                             **({"stock": stock} if stock else {})})

@@ -34,7 +34,8 @@ if TYPE_CHECKING:  # the statistics (scipy) load when a spec gate judges, not wi
     from harness.kinds.spec import judge as J
 
 CONTROLS = ("accept_all", "draft_dist", "bonus_shift")
-FAMILIES = ("vllm", "hf")
+FAMILIES = {"vllm": "vllm", "hf": "transformers", "llamacpp": "llama.cpp"}
+"""The candidate families the gate drives -> their engine's name."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -44,6 +45,8 @@ class Prepared:
     sampled: tuple[Case, ...]
     run_dir: Path
     control: str | None
+    draw_cap: int | None = None
+    """``DRAWS=``: the run's cap below the suite's ``max_draws`` (None: the suite's)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -71,21 +74,24 @@ class SpecKind:
         name, arg = split_spec(req.candidate)
         if name not in FAMILIES or arg:
             raise SuiteError(
-                f"{req.suite.path}: the spec kind drives the pinned vLLM offline (CANDIDATE=vllm) or "
-                f"transformers' assisted generation (CANDIDATE=hf); {req.candidate!r} is not supported"
+                f"{req.suite.path}: the spec kind drives the pinned vLLM offline (CANDIDATE=vllm), "
+                "transformers' assisted generation (CANDIDATE=hf) or llama-cpp-python's prompt lookup "
+                f"(CANDIDATE=llamacpp); {req.candidate!r} is not supported"
             )
         control = req.options.get("control") or None
         if control is not None and name != "vllm":
             raise SuiteError(f"CONTROL={control!r}: the planted controls live in vLLM's rejection sampler")
-        if name == "hf":  # assisted generation takes one sequence at a time
+        if name != "vllm":  # assisted generation and Llama.generate take one sequence at a time
             s = replace(s, concurrency=(1,))
         if control is not None and control not in CONTROLS:
             raise SuiteError(f"CONTROL={control!r}: valid planted controls are {', '.join(CONTROLS)}")
+        cap = req.options.get("max_draws")
+        s = with_draw_cap(s, cap)
         cases = tuple(req.suite.build_cases(req.model.encode, req.model.limits))
         sampled = tuple(c for c in cases if s.sampled_tag in c.tags)
         stamp = now_utc().replace(":", "").replace("-", "")
         run_dir = (ws.runs / f"spec-{stamp}-{req.model.slug}-{secrets.token_hex(3)}").resolve()
-        return Prepared(s, cases, sampled, run_dir, control)
+        return Prepared(s, cases, sampled, run_dir, control, cap)
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
         from harness.engines.vllm.runner import default_engine_settings
@@ -93,7 +99,11 @@ class SpecKind:
         from harness.kinds.spec.drafts import counts, drafter_for
 
         family = split_spec(req.candidate)[0]
-        base = {**default_engine_settings(req.model), "disable_log_stats": False}
+        base = (
+            {**default_engine_settings(req.model), "disable_log_stats": False}
+            if family != "llamacpp"
+            else {"gguf": "f32", "n_ctx": 512}
+        )
         t0 = time.perf_counter()
         say(
             req,
@@ -113,10 +123,8 @@ class SpecKind:
         timings = {"reference_wall_s": R.wall(t0)}
         if ref.status != "ok":
             return Ran(ref=ref, timings=timings)
-        # the host replays vLLM's schedule with vLLM's lookup: not transformers' prompt lookup
-        propose = (
-            drafter_for(p.s.speculative_config, int(base["max_model_len"])) if family == "vllm" else None
-        )
+        # the host replays the schedule with the engine's own lookup (vLLM's, llama-cpp-python's)
+        propose = drafter_for(p.s.speculative_config, int(base.get("max_model_len") or 0), family)
         rows = R.load_rows(ref)
         chosen = R.choose(p.sampled, rows, p.s, propose)
         tests = R.tests_for(chosen, rows, p.s, propose)
@@ -171,7 +179,7 @@ class SpecKind:
         meta = ran.cand.meta if ran.cand is not None and ran.cand.status == "ok" else {}
         family = split_spec(req.candidate)[0]
         name = req.candidate + (f"+{p.control}" if p.control else "")
-        engine = {"vllm": "vllm", "hf": "transformers"}[family]
+        engine = FAMILIES[family]
         info = EngineInfo(name, engine, str(meta.get("version", "unknown")), settings=dict(ran.engine))
         label = f"{family}-{p.s.method}" + (f"-{p.control}" if p.control else "")
         failed = next((x for x in (ran.ref, ran.cand) if x is None or x.status != "ok"), "none")
@@ -226,13 +234,13 @@ class SpecKind:
         sampled = J.sampled_verdicts(ran.tests, tokens, p.s.alpha, p.s.power)
         verdicts += sampled
         if p.control is not None:
-            verdicts.append(J.control_verdict(p.control, verdicts))
+            verdicts.append(J.control_verdict(p.control, verdicts, req.candidate))
         drawn_accepted = sum(
             float(d.get("vllm:spec_decode_num_accepted_tokens") or 0.0)
             for d in ran.cand.lines("counters")
             if d.get("pass") != "greedy"
         )
-        controls = _controls(ran.tests, tokens, p.s, verdicts, drawn_accepted)
+        controls = _controls(ran.tests, tokens, p.s, verdicts, drawn_accepted, p.control)
         timings = {
             **ran.timings,
             "judge_s": time.perf_counter() - t0,
@@ -260,6 +268,18 @@ class SpecKind:
         )
 
 
+def with_draw_cap(s: SpecSettings, cap: Any) -> SpecSettings:
+    """The settings with ``max_draws`` lowered to ``cap`` (``DRAWS=``: a run that must fit a time
+    budget; the record's settings carry the cap and each test states the TV it then detects)."""
+    if cap is None:
+        return s
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise SuiteError(f"DRAWS={cap!r}: expected a whole number of draws >= 1")
+    if cap > s.max_draws:
+        raise SuiteError(f"DRAWS={cap}: a cap lowers the suite's max_draws ({s.max_draws}), never raises it")
+    return replace(s, max_draws=cap)
+
+
 def _drafter_config(ws: Workspace, cfg: Any) -> dict[str, Any]:
     """The suite's ``speculative_config`` with a draft ``model`` given by name resolved to its folder
     (``model = "tiny-llama-draft"``: the harness's named model)."""
@@ -278,6 +298,7 @@ def _controls(
     s: SpecSettings,
     verdicts: list[Verdict],
     drawn_accepted: float = 0.0,
+    control: str | None = None,
 ) -> list[Control]:
     from harness.kinds.spec import judge as J
 
@@ -300,6 +321,13 @@ def _controls(
             planted.status == "fail",
         ),
     ]
+    if control is not None:  # the control verdict itself: a planted fault no test caught must fail
+        for name, status, expect in (
+            ("a planted fault every test missed", "pass", "fail"),
+            ("a planted fault one greedy test caught", "fail", "pass"),
+        ):
+            got = J.control_verdict(control, [Verdict("planted", J.GREEDY, status, status)]).status
+            out.append(Control(J.CONTROL, name, expect, got, got == expect))  # type: ignore[arg-type]
     if not tests:
         return out
     counts = [int(t.size) for t in tokens]

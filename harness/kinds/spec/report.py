@@ -53,6 +53,7 @@ def extra_of(p: Any, ran: Any, sampled: Sequence[Verdict], tokens: Sequence[np.n
         "spec": {
             "settings": p.s.to_json(),
             "control": p.control,
+            "draw_cap": p.draw_cap,
             "acceptance": acc,
             "predicted_greedy": dict(ran.predicted),
             "attributed": ran.attributed,
@@ -99,6 +100,10 @@ def summary_of(suite: str, p: Any, verdicts: Sequence[Verdict], extra: Mapping[s
     if gf:
         text += f" (FAIL {gf[0].case_id} at token {gf[0].evidence.get('position')})"
     text += f"; sampled {len(s) - len(sf)}/{len(s)} pass"
+    if p.draw_cap is not None:
+        tv = x["detectable_tv"]
+        text += f" (draws capped at {p.draw_cap} per setting"
+        text += f": detectable TV {tv['min']:.3f}-{tv['max']:.3f})" if tv["min"] is not None else ")"
     if sf:
         text += f" (FAIL {sf[0].case_id})"
     text += (

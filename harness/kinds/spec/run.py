@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.api import Case
+from harness.api import Case, EngineFailed, EngineRefused
 from harness.engines.launch.procs import Exited, engine_env, run_engine
 from harness.engines.launch.worker_lines import WorkerFailed, check_lines, read_lines
 from harness.engines.vllm.runner import root_cause
@@ -60,7 +60,22 @@ class Started:
 
 
 WORKERS = {"vllm": "harness.engines.vllm.spec_phase", "hf": "harness.engines.hf.spec_worker"}
-"""The engine child of each family the gate drives (both speak the same passes and lines)."""
+"""The engine child of each family the gate drives (all speak the same passes and lines); llama.cpp's
+runs in its own venv: :func:`command`."""
+
+
+def command(family: str, model: ModelRef, folder: Path) -> tuple[list[str], dict[str, Any]]:
+    """(argv before REQUEST RESULT, what the request adds): llama.cpp's worker runs with the
+    llama-cpp-python venv's python on an F32 GGUF of the model (the reference's weights bit for
+    bit), both made on first use."""
+    if family != "llamacpp":
+        return [sys.executable, "-m", WORKERS[family]], {}
+    from harness.engines.llamacpp.runner import LlamaCppRunner
+
+    venv, gguf = LlamaCppRunner(model, {}, run_dir=folder).prepare()
+    worker = Path(__file__).parents[2] / "engines" / "llamacpp" / "spec_worker.py"
+    adds = {"gguf": str(gguf.path), "n_ctx": 512, "n_threads": 1}  # a tiny model waits on a second thread
+    return [str(venv.python), str(worker)], adds
 
 
 def start(
@@ -77,9 +92,14 @@ def start(
 
     folder.mkdir(parents=True, exist_ok=True)
     req, res, log = (folder / f"{key}.{x}" for x in ("request.json", "result.jsonl", "log"))
+    try:
+        argv, adds = command(family, model, folder)
+    except (EngineRefused, EngineFailed) as e:
+        return Started("refused" if isinstance(e, EngineRefused) else "error", str(e))
     req.write_text(
         json.dumps(
             {
+                **adds,
                 "model": model.path,
                 "engine": dict(engine),
                 "control": control,
@@ -89,7 +109,7 @@ def start(
         )
     )
     exited: Exited = run_engine(
-        [sys.executable, "-m", WORKERS[family], str(req), str(res)],
+        [*argv, str(req), str(res)],
         log,
         TIMEOUT_S,
         engine_env(repo_on_path=True),
@@ -142,11 +162,16 @@ def choose(
     propose: Drafter | None,
 ) -> list[Case]:
     """The ``sampled_cases`` cases whose judged positions are most often drafted with the greedy
-    token (ties: the suite's order)."""
+    token (ties: the suite's order); without a replayed drafter (a draft model, transformers'
+    lookup), those whose draws most often follow the greedy path to the last judged position (at
+    the lowest temperature), so that their tests judge draws at all."""
 
-    def hits(c: Case) -> int:
-        if propose is None or c.id not in rows:
+    def hits(c: Case) -> float:
+        if c.id not in rows:
             return 0
+        if propose is None:
+            path, lp = rows[c.id]
+            return path_probability(lp, path[: max(s.positions)], min(s.temperatures))
         path = rows[c.id][0]
         slots = schedule(c.prompt_ids, path, propose)
         return sum(

@@ -37,9 +37,22 @@ class Broken:
     slug: str
 
 
+RELEASE_GLOB = "@*"
+"""In a spec, ``@*`` stands for one release (``vllm@0.31.0``), never for a release and options: the
+plain ``vllm@*`` column must not show a ``vllm@0.31.0:dtype=bfloat16`` record, whose row spells
+``vllm@*:dtype=bfloat16``."""
+
+
 def spec_matches(name: str, spec: str) -> bool:
-    """A record's candidate ``name`` against a catalog spec: exact, or a glob (``vllm-server*``)."""
-    return fnmatch.fnmatchcase(name, spec) if any(ch in spec for ch in "*?[") else name == spec
+    """A record's candidate ``name`` against a catalog spec: exact, or a glob (``vllm-server*``);
+    ``@*`` matches a version alone (:data:`RELEASE_GLOB`), the rest of the spec the rest of the name."""
+    if not any(ch in spec for ch in "*?["):
+        return name == spec
+    if RELEASE_GLOB in spec:
+        head, _, tail = spec.partition(RELEASE_GLOB)
+        m = re.fullmatch(r"(.*?)@([^:/@]+)(.*)", name, flags=re.DOTALL)
+        return bool(m) and fnmatch.fnmatchcase(m.group(1), head) and fnmatch.fnmatchcase(m.group(3), tail)
+    return fnmatch.fnmatchcase(name, spec)
 
 
 def slug_matches(slug: str, spec: str) -> bool:

@@ -297,6 +297,32 @@ def test_a_glob_column_collects_every_option_string_of_one_engine(ws: Workspace)
     assert cell(ws, col="hf").state == "todo"
 
 
+def test_a_release_glob_stands_for_the_version_alone() -> None:
+    """``@*`` is one release: a configured release is its own row's, never the plain column's."""
+    from harness.features import spec_matches
+
+    assert spec_matches("vllm@0.31.0", "vllm@*")
+    assert not spec_matches("vllm@0.31.0:dtype=bfloat16", "vllm@*")
+    assert not spec_matches("vllm@0.31.0:weights=.cache/planted/m/mlp-L1-1e-01", "vllm@*")
+    assert not spec_matches("vllm@0.31.0/harness-store", "vllm@*")
+    assert spec_matches("vllm@0.31.0:dtype=bfloat16", "vllm@*:dtype=bfloat16")
+    assert not spec_matches("vllm@0.31.0:dtype=float16", "vllm@*:dtype=bfloat16")
+    assert spec_matches("vllm@0.31.0/harness-store", "vllm@*/harness-store")
+    assert spec_matches("vllm@0.31.0:weights=.cache/planted/m/mlp-L1-1e-01", "vllm@*:weights=*")
+    assert spec_matches("vllm-server@0.31.0", "vllm-server@*") and not spec_matches("vllm@0.31.0", "vllm-server@*")
+    assert spec_matches("hf:device=cuda,dtype=bfloat16", "hf:device=cuda*")  # other globs span options
+
+
+def test_a_configured_release_record_leaves_the_plain_release_cell(ws: Workspace) -> None:
+    p = ws.root / "features.toml"
+    p.write_text(CATALOG.replace('candidate = "cpp"', 'candidate = "vllm@*"'))
+    make_record(ws, candidate="vllm@0.31.0:dtype=bfloat16", outcome="fail",
+                statuses={"near_tie": ["fail"] * 8, "strict": ["fail"] * 8})
+    assert cell(ws, col="cpp").state == "todo"
+    make_record(ws, candidate="vllm@0.31.0")
+    assert cell(ws, col="cpp").state == "pass"
+
+
 def test_a_glob_cell_with_several_releases_names_each_and_shows_the_worst(ws: Workspace) -> None:
     """The other-releases column of a KV row: one record per release, each judged on its own."""
     from dataclasses import replace

@@ -147,7 +147,9 @@ def parse(suite: Suite) -> RLSettings:
     return s
 
 
-VERDICTS = ("rl_sync", "rl_growth", "rl_identity", "rl_weights", "rl_version", "rl_routing", "rl_control")
+VERDICTS = (
+    "rl_sync", "rl_growth", "rl_identity", "rl_weights", "rl_version", "rl_routing", "rl_pause", "rl_control",
+)  # fmt: skip
 
 
 def verdict_names(raw: Mapping[str, Any]) -> list[str]:

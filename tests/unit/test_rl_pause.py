@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import pytest
 
 from harness.kinds.rl.pause import in_flight, judge_pause, pause_controls, pause_plan
@@ -197,3 +198,50 @@ def test_the_server_runs_with_the_rl_routes_backend_and_worker_extension(tmp_pat
     assert "--enable-scale-out" in cmd and "--enforce-eager" in cmd
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
     assert srv.env()["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def _scores(ev: dict[str, Any], gap: float = 0.3, noise: float = 1e-6) -> dict[str, dict[str, list[float]]]:
+    """The trainer's logprobs as the weights that sampled each token would give them (``noise`` off the
+    rollout's), and ``gap`` off under the other version's weights."""
+    out = {}
+    old = ev["version_before"]
+    for r in ev["requests"]:
+        lp = np.asarray(r["chosen_logprobs"], np.float64)
+        by_old = np.zeros(len(lp), bool)
+        for s in r["weight_versions"]:
+            by_old[s["start"] : s["end"]] = s["version"] == old
+        out[r["id"]] = {"old": lp + np.where(by_old, noise, gap), "new": lp + np.where(by_old, gap, noise)}
+    return out
+
+
+@pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
+def test_the_logprobs_must_agree_with_the_version_labels(mode: str) -> None:
+    ev = _ev(mode)
+    v = judge_pause(ev, _scores(ev), 1e-4)
+    assert v.status == "pass", v.summary
+    fig = v.evidence["figures"]
+    assert fig["old_version"]["mean_abs_delta"] == pytest.approx(1e-6)
+    if mode == "keep":
+        assert fig["new_version"]["mean_abs_delta"] == pytest.approx(1e-6)
+        assert fig["new_version_vs_old_weights"]["mean_abs_delta"] == pytest.approx(0.3)
+    # the same labels over tokens another version sampled: the scores say so
+    other = _scores(ev, gap=1e-6, noise=0.3)
+    v = judge_pause(ev, other, 1e-4)
+    assert v.status == "fail" and "credited to the old version sit 3.00e-01 nats" in v.summary
+
+
+def test_kept_tokens_no_closer_to_the_new_weights_fail() -> None:
+    ev = _ev("keep")
+    sc = _scores(ev)
+    for x in sc.values():  # the new span as far from the new weights as from the old
+        x["new"] = x["old"].copy()
+    v = judge_pause(ev, sc, 1e-4)
+    assert v.status == "fail" and "sit no closer to the new weights" in v.summary
+
+
+@pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
+def test_with_scores_the_swapped_weights_control_bites(mode: str) -> None:
+    ev = _ev(mode)
+    cs = pause_controls([ev], {mode: _scores(ev)}, 1e-4)
+    assert len(cs) == 4 and all(c.ok for c in cs), [(c.mutation, c.got, c.note) for c in cs]
+    assert cs[-1].mutation.endswith("the tokens credited to the other version's weights")

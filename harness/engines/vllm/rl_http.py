@@ -341,7 +341,8 @@ def _one_pause(http: Http, m: Mapping[str, Any], sampling: Mapping[str, Any], mo
             first.set()
 
     for r in m["rollouts"]:
-        state[r["id"]] = {"id": r["id"], "token_ids": [], "chosen_logprobs": [], "finish_reason": None,
+        state[r["id"]] = {"id": r["id"], "prompt_ids": list(r["prompt_ids"]),
+                          "token_ids": [], "chosen_logprobs": [], "finish_reason": None,
                           "weight_versions": None, "first_token_t": None, "end_t": None, "error": None,
                           "tokens_at_pause": None}
     threads = [threading.Thread(target=one, args=(r,)) for r in m["rollouts"]]

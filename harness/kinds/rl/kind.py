@@ -29,6 +29,7 @@ from harness.kinds.rl.run import (
     engine_steps,
     plan_rollouts,
     score,
+    score_pause,
     score_routes,
     write_steps,
 )
@@ -160,6 +161,8 @@ class RLKind:
         if p.moe:
             eng = {int(d["index"]): d.get("routes") or {} for d in session.steps}
             routes = score_routes(side, p.plans, session.cases, p.trainer_dtype, to_lp, eng, 0)
+        paused = session.meta.get("pause") or ()
+        pause_scores = score_pause(p.trainer, side, paused, p.trainer_dtype, to_lp) if paused else {}
         t2 = time.perf_counter()
         timings = {
             "trainer_write_s": side.seconds,
@@ -167,7 +170,7 @@ class RLKind:
             "trainer_score_s": t2 - t1,
             **{f"engine_{k}": float(v) for k, v in (session.meta.get("timings") or {}).items()},
         }
-        return Ran(side, session, scores, routes, timings)
+        return Ran(side, session, scores, routes, pause_scores=pause_scores, timings=timings)
 
     def judge(self, ws: Workspace, req: GateRequest, p: Prepared, ran: Ran) -> Judgement:
         return judge_run(req, p, ran, drop_name=_drop(ran, p))

@@ -14,6 +14,13 @@ after, when ``/pause`` was called, when it returned, when the update started and
 * ``keep``: every request in flight resumes after the update and finishes; its spans cover every
   token, the old version first (at least the tokens streamed before the pause), then the new one.
 
+**The logprobs agree with the labels** (where the trainer scored the requests,
+:func:`span_figures`): the tokens credited to the old version must match the old weights (mean
+|Δ logprob| within the suite's ``mean_abs_delta`` bar), and the tokens credited to the new version
+must sit closer to the new weights than to the old ones. A kept request's later tokens are computed
+over KV its prompt and first tokens left under the old weights (``keep`` does not recompute it): how
+far they sit from the new weights is reported (``new_version``), not gated.
+
 A mode where no request was still in flight when ``/pause`` was called shows nothing and fails.
 :func:`pause_controls` feeds the judge planted copies of what the run measured (an aborted request
 reported as finished, a waited one credited to the new version, a kept one credited to the old
@@ -26,7 +33,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from harness.api import Verdict
+from harness.kinds.rl.judge import MAIN, metrics
 from harness.records import Control
 
 PAUSE = "rl_pause"
@@ -42,6 +52,54 @@ def _by_version(r: Mapping[str, Any]) -> dict[str, int]:
     for v, a, b in _spans(r):
         out[v] = out.get(v, 0) + (b - a)
     return out
+
+
+def span_figures(
+    ev: Mapping[str, Any], scores: Mapping[str, Mapping[str, Sequence[float]]]
+) -> dict[str, Any]:
+    """The rollout's logprobs against the trainer's, split by the version each token is credited to:
+    ``old_version`` (against the weights before the update), ``new_version`` (after) and
+    ``new_version_vs_old_weights``. ``scores``: request id -> {"old", "new"}: the trainer's logprob of
+    every sampled token under each side's weights."""
+    old, new = str(ev["version_before"]), str(ev["version"])
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {
+        "old_version": ([], []),
+        "new_version": ([], []),
+        "new_version_vs_old_weights": ([], []),
+    }
+    for r in ev["requests"]:
+        got = scores.get(str(r["id"]))
+        lp = np.asarray(r.get("chosen_logprobs") or (), np.float64)
+        if not got or not lp.size:
+            continue
+        for v, a, b in _spans(r):
+            b = min(b, lp.size)
+            if v == old:
+                parts["old_version"][0].append(lp[a:b])
+                parts["old_version"][1].append(np.asarray(got["old"], np.float64)[a:b])
+            elif v == new:
+                parts["new_version"][0].append(lp[a:b])
+                parts["new_version"][1].append(np.asarray(got["new"], np.float64)[a:b])
+                parts["new_version_vs_old_weights"][0].append(lp[a:b])
+                parts["new_version_vs_old_weights"][1].append(np.asarray(got["old"], np.float64)[a:b])
+    return {k: metrics(rs, ts) for k, (rs, ts) in parts.items() if rs}
+
+
+def _against_weights(mode: str, fig: Mapping[str, Any], tol: float) -> str | None:
+    """What the logprobs say against the version labels, or None."""
+    o = fig.get("old_version") or {}
+    if o.get("tokens") and float(o.get(MAIN, 0.0)) > tol:
+        return (
+            f"its tokens credited to the old version sit {o[MAIN]:.2e} nats (mean |Δ|) from the old "
+            f"weights, over {tol:.0e}: another version sampled them"
+        )
+    n, w = fig.get("new_version") or {}, fig.get("new_version_vs_old_weights") or {}
+    if n.get("tokens") and float(n.get(MAIN, 0.0)) >= float(w.get(MAIN, 0.0)):
+        return (
+            f"its tokens credited to the new version sit no closer to the new weights ({n[MAIN]:.2e}) "
+            f"than to the old ({w[MAIN]:.2e})"
+        )
+    return None
 
 
 def in_flight(ev: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -94,8 +152,9 @@ def _problem(mode: str, r: Mapping[str, Any], ev: Mapping[str, Any]) -> str | No
     return None
 
 
-def judge_pause(ev: Mapping[str, Any]) -> Verdict:
-    """One mode's verdict (see the module's docstring)."""
+def judge_pause(ev: Mapping[str, Any], scores: Mapping[str, Any] | None = None, tol: float = 1e-4) -> Verdict:
+    """One mode's verdict (see the module's docstring); ``scores`` (see :func:`span_figures`) adds
+    the check of the logprobs against the version labels, with ``tol`` on the old version's tokens."""
     mode = str(ev["mode"])
     case = f"pause-{mode}"
     flying = in_flight(ev)
@@ -119,6 +178,9 @@ def judge_pause(ev: Mapping[str, Any]) -> Verdict:
         "update_start_t": ev.get("update_start_t"),
         "update_end_t": ev.get("update_end_t"),
     }
+    fig = span_figures(ev, scores) if scores else {}
+    if fig:
+        facts["figures"] = fig
     if str(ev.get("version_after")) != str(ev["version"]):
         why = f"the server reports version {ev.get('version_after')!r} after the update to {ev['version']!r}"
         return Verdict(case, PAUSE, "fail", f"rl_pause FAIL ({mode}): {why}", evidence=facts)
@@ -130,6 +192,8 @@ def judge_pause(ev: Mapping[str, Any]) -> Verdict:
             return Verdict(
                 case, PAUSE, "fail", f"rl_pause FAIL ({mode}): request {r['id']} {what}", evidence=facts
             )
+    if fig and (what := _against_weights(mode, fig, tol)) is not None:
+        return Verdict(case, PAUSE, "fail", f"rl_pause FAIL ({mode}): {what}", evidence=facts)
     n = len(flying)
     said = {
         "abort": f"{n} requests in flight aborted, each saying so, none returned as finished, no token "
@@ -139,6 +203,8 @@ def judge_pause(ev: Mapping[str, Any]) -> Verdict:
         "keep": f"{n} requests in flight kept, resumed after the update and finished, their tokens credited "
         f"{ev['version_before']!r} then {ev['version']!r}",
     }.get(mode, f"{n} requests")
+    if fig:
+        said += "; " + ", ".join(f"{k} mean |Δ| {v[MAIN]:.2e} ({v['tokens']} tokens)" for k, v in fig.items())
     return Verdict(case, PAUSE, "pass", f"{mode}: {said}", evidence=facts)
 
 
@@ -185,12 +251,19 @@ def _planted(ev: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def pause_controls(evs: Sequence[Mapping[str, Any]]) -> list[Control]:
-    """Each planted copy must fail; the unchanged evidence must judge as the run did."""
+def pause_controls(
+    evs: Sequence[Mapping[str, Any]], scores: Mapping[str, Any] | None = None, tol: float = 1e-4
+) -> list[Control]:
+    """Each planted copy must fail; the unchanged evidence must judge as the run did. With the
+    trainer's ``scores`` (mode -> request id -> {"old", "new"}), one more per mode: the trainer's
+    scores under the weights before and after the update exchanged (every token credited to the
+    other version's weights), which only the logprobs can tell."""
     out: list[Control] = []
+    scores = scores or {}
     for ev in evs:
-        real = judge_pause(ev)
-        again = judge_pause(copy.deepcopy(dict(ev)))
+        sc = scores.get(str(ev["mode"]))
+        real = judge_pause(ev, sc, tol)
+        again = judge_pause(copy.deepcopy(dict(ev)), sc, tol)
         same = again.status == real.status
         out.append(
             Control(
@@ -202,8 +275,12 @@ def pause_controls(evs: Sequence[Mapping[str, Any]]) -> list[Control]:
                 again.summary[:300],
             )
         )  # type: ignore[arg-type]
-        for what, planted in _planted(ev):
-            v = judge_pause(planted)
+        planted = [(what, e, sc) for what, e in _planted(ev)]
+        if sc:
+            swapped = {rid: {"old": x["new"], "new": x["old"]} for rid, x in sc.items()}
+            planted.append(("the tokens credited to the other version's weights", dict(ev), swapped))
+        for what, e, with_scores in planted:
+            v = judge_pause(e, with_scores, tol)
             out.append(
                 Control(PAUSE, f"{ev['mode']}: {what}", "fail", v.status, v.status == "fail", v.summary[:300])
             )  # type: ignore[arg-type]

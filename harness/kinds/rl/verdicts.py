@@ -220,11 +220,12 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
     controls += rc
     paused = list(ran.session.meta.get("pause") or ())
     pause_json = []
+    tol = float(p.s.bars.get(jd.MAIN, 1e-4))
     for ev in paused:
-        v = judge_pause(ev)
+        v = judge_pause(ev, ran.pause_scores.get(str(ev["mode"])), tol)
         verdicts.append(v)
         pause_json.append({"verdict": v.status, "summary": v.summary, **v.evidence})
-    controls += pause_controls(paused)
+    controls += pause_controls(paused, ran.pause_scores, tol)
     if p.control:
         verdicts.append(ctl.detection(p.control, verdicts, drop_name))
         controls += ctl.detection_controls(p.control, verdicts, drop_name)

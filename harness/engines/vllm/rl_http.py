@@ -345,13 +345,13 @@ def _one_pause(http: Http, m: Mapping[str, Any], sampling: Mapping[str, Any], mo
                           "token_ids": [], "chosen_logprobs": [], "finish_reason": None,
                           "weight_versions": None, "first_token_t": None, "end_t": None, "error": None,
                           "tokens_at_pause": None}
-    threads = [threading.Thread(target=one, args=(r,)) for r in m["rollouts"]]
-    for t in threads:
-        t.start()
-    first.wait(HTTP_TIMEOUT_S)
     ev: dict[str, Any] = {"mode": m["mode"], "version": str(m["version"]), "from_step": m["from_step"],
                           "to_step": m["to_step"], "max_tokens": int(m["max_tokens"])}
     ev["version_before"] = http.get("/weight_info")["weight_version"]
+    threads = [threading.Thread(target=one, args=(r,)) for r in m["rollouts"]]
+    for t in threads:
+        t.start()
+    first.wait(HTTP_TIMEOUT_S)  # every request has streamed a token: pause at once
     for s in state.values():
         s["tokens_at_pause"] = len(s["token_ids"])
     ev["pause_t"] = clock() - t_origin

@@ -29,6 +29,7 @@ from harness.kinds.rl.run import (
     engine_steps,
     plan_rollouts,
     score,
+    score_pause,
     score_routes,
     write_steps,
 )
@@ -45,6 +46,9 @@ REPACK_ARG = "repack=cpu"
 """``CANDIDATE=vllm:repack=cpu``: after each update the harness's backend redoes on a CPU what vLLM's
 reload leaves undone (:data:`harness.engines.vllm.rl_backend.REPACKS`) — a repair beside vLLM's
 path, recorded under its own candidate; plain ``vllm`` judges vLLM's path as it is."""
+ENGINES = ("vllm", "vllm-server")
+"""The offline ``LLM`` (:mod:`harness.engines.vllm.rl`) or the pinned server over HTTP
+(:mod:`harness.engines.vllm.rl_http`, with the pause phase: :mod:`harness.kinds.rl.pause`)."""
 
 
 class RLKind:
@@ -57,11 +61,11 @@ class RLKind:
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         s = parse(req.suite)
         name, arg = split_spec(req.candidate)
-        if name != "vllm" or arg not in (None, REPACK_ARG):
+        if name not in ENGINES or arg not in (None, REPACK_ARG):
             raise SuiteError(
-                f"{req.suite.path}: the rl kind drives the pinned vLLM offline (CANDIDATE=vllm, or "
-                f"vllm:{REPACK_ARG} with the harness's CPU repack after each update); "
-                f"{req.candidate!r} is not supported yet"
+                f"{req.suite.path}: the rl kind drives the pinned vLLM, offline (CANDIDATE=vllm) or its "
+                f"server over HTTP (CANDIDATE=vllm-server), either with :{REPACK_ARG} for the harness's "
+                f"CPU repack after each update; {req.candidate!r} is not supported"
             )
         control = req.options.get("control") or None
         if control is not None and control not in CONTROLS:
@@ -83,7 +87,8 @@ class RLKind:
                 f"{req.suite.path}: case {short[0].id!r} encodes to {len(short[0].prompt_ids)} tokens on "
                 f"{req.model.name}, fewer than [rl_sync] shared_tokens {s.shared_tokens}"
             )
-        need = s.shared_tokens + s.tail_tokens + s.max_tokens
+        longest = max(s.max_tokens, s.pause_tokens if name == "vllm-server" else 0)
+        need = s.shared_tokens + s.tail_tokens + longest
         if need > req.model.limits.max_len:
             raise SuiteError(
                 f"{req.suite.path}: [rl_sync] needs {need} positions, beyond {req.model.name}'s "
@@ -107,6 +112,7 @@ class RLKind:
             tied=bool(cfg.get("tie_word_embeddings", False)),
             top_k=int(cfg.get("num_experts_per_tok") or 0),
             repack=arg == REPACK_ARG,
+            server=name == "vllm-server",
         )
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
@@ -127,18 +133,23 @@ class RLKind:
         engine = {**default_engine_settings(req.model), "dtype": p.dtype, "logprobs_mode": MODE}
         sampling = {"temperature": p.s.temperature, "top_p": p.s.top_p, "max_tokens": p.s.max_tokens}
         say(f"vLLM: one engine start, {len(steps)} steps" + (f" (control {p.control})" if p.control else ""))
+        routes = {"top_k": p.top_k, "step": 0} if p.moe else None
         try:
-            session = run_session(
-                req.model.path,
-                req.model.name,
-                engine,
-                steps,
-                sampling,
-                p.run_dir / "engine",
-                {"top_k": p.top_k, "step": 0} if p.moe else None,
-                START_TIMEOUT_S,
-                repack=p.repack,
-            )
+            if p.server:
+                from harness.engines.vllm.rl_http import PAUSE_MODES, run_http_session
+                from harness.kinds.rl.pause import pause_plan
+
+                files = [str(f / "model.safetensors") for f in side.folders]
+                pause = [] if p.control else pause_plan(steps, PAUSE_MODES, p.s.pause_tokens, files)
+                session = run_http_session(
+                    req.model, engine, steps, sampling, p.run_dir / "engine", routes, pause, START_TIMEOUT_S,
+                    repack=p.repack,
+                )  # fmt: skip
+            else:
+                session = run_session(
+                    req.model.path, req.model.name, engine, steps, sampling, p.run_dir / "engine", routes,
+                    START_TIMEOUT_S, repack=p.repack,
+                )  # fmt: skip
         except (EngineRefused, EngineFailed) as e:
             status = "refused" if isinstance(e, EngineRefused) else "error"
             return Ran(side, failure=(status, str(e), e.log_tail if isinstance(e, EngineFailed) else ""))
@@ -150,6 +161,8 @@ class RLKind:
         if p.moe:
             eng = {int(d["index"]): d.get("routes") or {} for d in session.steps}
             routes = score_routes(side, p.plans, session.cases, p.trainer_dtype, to_lp, eng, 0)
+        paused = session.meta.get("pause") or ()
+        pause_scores = score_pause(p.trainer, side, paused, p.trainer_dtype, to_lp) if paused else {}
         t2 = time.perf_counter()
         timings = {
             "trainer_write_s": side.seconds,
@@ -157,7 +170,7 @@ class RLKind:
             "trainer_score_s": t2 - t1,
             **{f"engine_{k}": float(v) for k, v in (session.meta.get("timings") or {}).items()},
         }
-        return Ran(side, session, scores, routes, timings)
+        return Ran(side, session, scores, routes, pause_scores=pause_scores, timings=timings)
 
     def judge(self, ws: Workspace, req: GateRequest, p: Prepared, ran: Ran) -> Judgement:
         return judge_run(req, p, ran, drop_name=_drop(ran, p))

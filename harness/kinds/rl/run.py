@@ -110,6 +110,8 @@ class Prepared:
     """Experts per token (a MoE model's ``num_experts_per_tok``)."""
     repack: bool = False
     """The backend redoes the CPU repack vLLM's reload skips (``CANDIDATE=vllm:repack=cpu``)."""
+    server: bool = False
+    """The pinned server over HTTP (``CANDIDATE=vllm-server``), with the pause phase."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -118,6 +120,9 @@ class Ran:
     session: Any = None
     scores: Mapping[int, Mapping[str, np.ndarray]] = field(default_factory=dict)
     routes: Mapping[str, Any] = field(default_factory=dict)
+    pause_scores: Mapping[str, Any] = field(default_factory=dict)
+    """Over HTTP: mode -> request id -> {"old", "new"}, the trainer's logprob of every token each
+    pause-phase request sampled, under the weights before and after that mode's update."""
     timings: Mapping[str, float] = field(default_factory=dict)
     failure: tuple[str, str, str] | None = None
 
@@ -180,6 +185,27 @@ def score(
         for r, (_, sampled), lg in zip(rolls, seqs, logits, strict=True):
             lp = to_logprobs(np.asarray(lg, np.float32))
             out[p.index][r.id] = lp[np.arange(len(sampled)), np.asarray(sampled, np.int64)].astype(np.float64)
+    return out
+
+
+def score_pause(
+    trainer: Trainer, side: TrainerSide, paused: Sequence[Mapping[str, Any]], dtype: str, to_logprobs: Any
+) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    """The trainer's logprob of every token of every pause-phase request, under the weights before
+    (``old``: the step it came from) and after (``new``) the mode's update."""
+    out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
+    for ev in paused:
+        reqs = [r for r in ev["requests"] if r.get("token_ids")]
+        seqs = [(list(r["prompt_ids"]), list(r["token_ids"])) for r in reqs]
+        got: dict[str, dict[str, np.ndarray]] = {str(r["id"]): {} for r in reqs}
+        for side_name, step in (("old", ev["from_step"]), ("new", ev["to_step"])):
+            logits = trainer(side.folders[int(step)], seqs, dtype) if seqs else []
+            for r, (_, sampled), lg in zip(reqs, seqs, logits, strict=True):
+                lp = to_logprobs(np.asarray(lg, np.float32))
+                got[str(r["id"])][side_name] = lp[
+                    np.arange(len(sampled)), np.asarray(sampled, np.int64)
+                ].astype(np.float64)
+        out[str(ev["mode"])] = got
     return out
 
 

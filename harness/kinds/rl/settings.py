@@ -54,6 +54,10 @@ class RLSettings:
     weight_tol: float = 1e-6
     """|engine - sent| <= weight_tol x max |sent|: the tensor arrived."""
     routing_min_agreement: float = 0.99
+    pause_tokens: int = 1024
+    """Over HTTP, the tokens each request of the pause phase asks for: enough to be in flight when
+    ``/pause`` comes (:mod:`harness.kinds.rl.pause`). 128 was too few on tiny-llama: its requests
+    had finished, or had every token produced and on its way, before the pause took effect."""
     r3_gain: float = 0.0
     """Routing replay (R3) must lower the mismatch by at least this factor where routes differ."""
 
@@ -91,6 +95,7 @@ def parse(suite: Suite) -> RLSettings:
             "identity_tol",
             "weight_tol",
             "routing_min_agreement",
+            "pause_tokens",
         ),
     )
     steps = tuple(need_list(raw, "steps", w, of=str))
@@ -126,6 +131,7 @@ def parse(suite: Suite) -> RLSettings:
         identity_tol=need_number(raw, "identity_tol", w, 1e-9, lo=0.0, hi=1.0),
         weight_tol=need_number(raw, "weight_tol", w, 1e-6, lo=0.0, hi=1.0),
         routing_min_agreement=need_number(raw, "routing_min_agreement", w, 0.99, lo=0.0, hi=1.0),
+        pause_tokens=need_int(raw, "pause_tokens", w, 1024, lo=2),
     )
     if s.shared_share < 0.8:
         raise (w / "shared_tokens").fail(
@@ -142,7 +148,9 @@ def parse(suite: Suite) -> RLSettings:
     return s
 
 
-VERDICTS = ("rl_sync", "rl_growth", "rl_identity", "rl_weights", "rl_version", "rl_routing", "rl_control")
+VERDICTS = (
+    "rl_sync", "rl_growth", "rl_identity", "rl_weights", "rl_version", "rl_routing", "rl_pause", "rl_control",
+)  # fmt: skip
 
 
 def verdict_names(raw: Mapping[str, Any]) -> list[str]:

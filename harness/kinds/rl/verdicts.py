@@ -11,6 +11,7 @@ from harness.api import EngineInfo, Verdict, failure_verdicts
 from harness.kinds.base import GateRequest, Judgement
 from harness.kinds.rl import controls as ctl
 from harness.kinds.rl import judge as jd
+from harness.kinds.rl.pause import PAUSE, judge_pause, pause_controls
 from harness.kinds.rl.routing import agreement
 from harness.kinds.rl.run import MODE, Prepared, Ran
 from harness.kinds.rl.updates import arrivals
@@ -99,7 +100,10 @@ def _routing(p: Prepared, ran: Ran) -> tuple[list[Verdict], list[Any], dict[str,
 
 
 def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) -> Judgement:
-    gates = (jd.SYNC, jd.GROWTH, jd.IDENTITY, jd.WEIGHTS, jd.VERSION, *((jd.ROUTING,) if p.moe else ()))
+    gates = (
+        jd.SYNC, jd.GROWTH, jd.IDENTITY, jd.WEIGHTS, jd.VERSION,
+        *((jd.ROUTING,) if p.moe else ()), *((PAUSE,) if p.server and not p.control else ()),
+    )  # fmt: skip
     info = engine_info(req, p, ran)
     label = f"rl-{candidate_name(req, p)}"
     base_extra: dict[str, Any] = {
@@ -112,6 +116,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         "logprobs_mode": MODE,
         "backend": "harness_files",
         "repack": "cpu" if p.repack else None,
+        "transport": "http" if p.server else "offline",
     }
     if ran.failure is not None:
         vs = failure(req, p, ran)
@@ -213,6 +218,14 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
     rv, rc, routing = _routing(p, ran)
     verdicts += rv
     controls += rc
+    paused = list(ran.session.meta.get("pause") or ())
+    pause_json = []
+    tol = float(p.s.bars.get(jd.MAIN, 1e-4))
+    for ev in paused:
+        v = judge_pause(ev, ran.pause_scores.get(str(ev["mode"])), tol)
+        verdicts.append(v)
+        pause_json.append({"verdict": v.status, "summary": v.summary, **v.evidence})
+    controls += pause_controls(paused, ran.pause_scores, tol)
     if p.control:
         verdicts.append(ctl.detection(p.control, verdicts, drop_name))
         controls += ctl.detection_controls(p.control, verdicts, drop_name)
@@ -228,9 +241,10 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
             "engine_meta": {
                 k: v
                 for k, v in ran.session.meta.items()
-                if k in ("version", "backend", "timings", "official_routes")
+                if k in ("version", "backend", "transport", "timings", "official_routes")
             },
             **({"routing": routing} if routing else {}),
+            **({"pause": pause_json} if pause_json else {}),
         }
     }
     return Judgement(
@@ -307,6 +321,7 @@ def engine_info(req: GateRequest, p: Prepared, ran: Ran) -> EngineInfo:
             "enforce_eager": True,
             "enable_prefix_caching": True,
             "weight_transfer_backend": str(meta.get("backend") or "harness_files"),
+            "transport": "http" if p.server else "offline",
         },
     )
 

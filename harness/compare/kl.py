@@ -302,7 +302,14 @@ class KL:
         return "\n".join(lines)
 
     def _tok(self, tid: int) -> str:
-        return f"{tid} {self.decode([tid])!r}" if self.decode else str(tid)
+        """``tid`` and its text; an id the tokenizer cannot decode (negative, past its vocabulary)
+        is shown as such: explaining a failure must not crash the run that found it."""
+        if not self.decode:
+            return str(tid)
+        try:
+            return f"{tid} {self.decode([tid])!r}"
+        except (OverflowError, ValueError, TypeError, IndexError, KeyError):
+            return f"{tid} (not a token id of this tokenizer)"
 
 
 def plant_kl_shift(comp: Any, case: Case, oracle: Output) -> Planted | str:

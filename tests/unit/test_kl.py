@@ -174,3 +174,16 @@ def test_missing_logprobs_and_engine_errors_are_verdicts() -> None:
     o, _ = drifting_pair(np.random.default_rng(7), 8, 16, noise=0.1)
     assert KL().compare(o, Output("c01", o.token_ids), CASE).status == "error"
     assert KL().compare(o, Output("c01", (), error="boom"), CASE).status == "error"
+
+
+def test_an_id_the_tokenizer_cannot_decode_is_named_not_raised() -> None:
+    """A llama.cpp long_horizon run crashed while explaining its KL failure: the worst position's
+    top entries held an id the tokenizer's decode refused (OverflowError for a negative id)."""
+    def decode(ids):
+        if any(i < 0 for i in ids):
+            raise OverflowError("number too small to fit in target type")
+        return f"<{ids[0]}>"
+
+    comp = KL(decode=decode)
+    assert comp._tok(7) == "7 '<7>'"
+    assert comp._tok(-1) == "-1 (not a token id of this tokenizer)"

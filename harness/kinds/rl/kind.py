@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.api import EngineFailed, EngineRefused
 from harness.engines.base import split_spec
+from harness.engines.launch.venvs import VenvError, VenvInfo, check_version
 from harness.kinds.base import GateRequest, Judgement
 from harness.kinds.invariance.trainer import transform
 from harness.kinds.rl.run import (
@@ -57,12 +58,13 @@ class RLKind:
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         s = parse(req.suite)
         name, arg = split_spec(req.candidate)
-        if name != "vllm" or arg not in (None, REPACK_ARG):
+        if not (name == "vllm" or name.startswith("vllm@")) or arg not in (None, REPACK_ARG):
             raise SuiteError(
-                f"{req.suite.path}: the rl kind drives the pinned vLLM offline (CANDIDATE=vllm, or "
-                f"vllm:{REPACK_ARG} with the harness's CPU repack after each update); "
-                f"{req.candidate!r} is not supported yet"
+                f"{req.suite.path}: the rl kind drives vLLM offline (CANDIDATE=vllm, the pin, or "
+                f"vllm@<version>, another release in its own venv; :{REPACK_ARG} adds the harness's CPU "
+                f"repack after each update); {req.candidate!r} is not supported yet"
             )
+        release = release_venv(name)
         control = req.options.get("control") or None
         if control is not None and control not in CONTROLS:
             raise SuiteError(f"CONTROL={control!r}: valid planted controls are {', '.join(CONTROLS)}")
@@ -107,6 +109,7 @@ class RLKind:
             tied=bool(cfg.get("tie_word_embeddings", False)),
             top_k=int(cfg.get("num_experts_per_tok") or 0),
             repack=arg == REPACK_ARG,
+            venv=release,
         )
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
@@ -137,6 +140,7 @@ class RLKind:
                 p.run_dir / "engine",
                 {"top_k": p.top_k, "step": 0} if p.moe else None,
                 START_TIMEOUT_S,
+                python=str(p.venv.python) if p.venv is not None else None,
                 repack=p.repack,
             )
         except (EngineRefused, EngineFailed) as e:
@@ -161,6 +165,21 @@ class RLKind:
 
     def judge(self, ws: Workspace, req: GateRequest, p: Prepared, ran: Ran) -> Judgement:
         return judge_run(req, p, ran, drop_name=_drop(ran, p))
+
+
+def release_venv(name: str) -> VenvInfo | None:
+    """``vllm@<version>``: that release's venv (installed on first use, minutes); None for the pin
+    (``vllm``, or ``vllm@`` naming the pinned version). A bad version or a failed install is named."""
+    if name == "vllm":
+        return None
+    from harness.engines.vllm.release import release_python
+    from harness.pin import oracle_pin
+
+    try:
+        version = check_version(name.partition("@")[2])
+        return None if version == oracle_pin().version else release_python(version)
+    except VenvError as e:
+        raise SuiteError(f"CANDIDATE={name}: {e}") from None
 
 
 def _names(folder: Path) -> list[str]:

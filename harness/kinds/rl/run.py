@@ -110,6 +110,8 @@ class Prepared:
     """Experts per token (a MoE model's ``num_experts_per_tok``)."""
     repack: bool = False
     """The backend redoes the CPU repack vLLM's reload skips (``CANDIDATE=vllm:repack=cpu``)."""
+    venv: Any = None
+    """Another vLLM release's venv (``CANDIDATE=vllm@<version>``, a ``VenvInfo``); None: the pin."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

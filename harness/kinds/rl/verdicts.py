@@ -228,7 +228,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
             "engine_meta": {
                 k: v
                 for k, v in ran.session.meta.items()
-                if k in ("version", "backend", "timings", "official_routes")
+                if k in ("version", "backend", "vllm_checksums", "timings", "official_routes")
             },
             **({"routing": routing} if routing else {}),
         }
@@ -297,6 +297,7 @@ def candidate_name(req: GateRequest, p: Prepared) -> str:
 
 def engine_info(req: GateRequest, p: Prepared, ran: Ran) -> EngineInfo:
     meta = ran.session.meta if ran.session is not None else {}
+    env = {"venv": {k: v for k, v in p.venv.to_json().items() if k != "path"}} if p.venv is not None else {}
     return EngineInfo(
         candidate_name(req, p),
         "vllm",
@@ -308,6 +309,7 @@ def engine_info(req: GateRequest, p: Prepared, ran: Ran) -> EngineInfo:
             "enable_prefix_caching": True,
             "weight_transfer_backend": str(meta.get("backend") or "harness_files"),
         },
+        environment=env,
     )
 
 

@@ -279,7 +279,7 @@ def test_the_committed_suites_parse() -> None:
     from harness.pipeline import kind_of
     from harness.workspace import Workspace
 
-    for name in ("rl", "rl_small", "rl_bf16"):
+    for name in ("rl", "rl_small", "rl_bf16", "rl_bf16_calibrate"):
         suite = load_suite(Workspace.default().suites / f"{name}.toml")
         assert kind_of(suite).name == "rl"
         assert parse(suite).shared_share >= 0.8

@@ -57,6 +57,13 @@ class RLKind:
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         s = parse(req.suite)
+        mine = s.for_model(req.model.name)
+        if mine is None:
+            raise SuiteError(
+                f"{req.suite.path}: [rl_sync.model_bars] holds bars for {', '.join(sorted(s.model_bars))}, "
+                f"none for {req.model.name}: measure its step-0 floor first (docs/rl.md, \"bfloat16 bars\")"
+            )
+        s = mine
         name, arg = split_spec(req.candidate)
         if not (name == "vllm" or name.startswith("vllm@")) or arg not in (None, REPACK_ARG):
             raise SuiteError(

@@ -112,6 +112,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         "logprobs_mode": MODE,
         "backend": "harness_files",
         "repack": "cpu" if p.repack else None,
+        "bars_from": p.s.bars_from,
     }
     if ran.failure is not None:
         vs = failure(req, p, ran)
@@ -136,6 +137,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
     layout: list[dict[str, Any]] = []
     step_lines = {int(d["index"]): d for d in ran.session.steps}
     tokens: dict[int, list[tuple[int, ...]]] = {}
+    calibration: dict[str, Any] | None = None
     for plan in p.plans:
         k = plan.index
         rs, ts, toks = _pairs(p, ran, k)
@@ -146,6 +148,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         verdicts += jd.metric_verdicts(k, plan.kind, m, p.s)
         if k == 0:
             controls += ctl.sync_controls(rs, p.s)
+            calibration = _calibration(rs, ts, p.s.draws)
         if plan.kind == "identity" and plan.reference is not None:
             verdicts.append(
                 jd.judge_identity(
@@ -231,6 +234,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
                 if k in ("version", "backend", "vllm_checksums", "timings", "official_routes")
             },
             **({"routing": routing} if routing else {}),
+            **({"calibration": calibration} if calibration else {}),
         }
     }
     return Judgement(
@@ -244,6 +248,19 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         extra=extra,
         reference=_trainer_ref(p),
     )
+
+
+def _calibration(rs: list[np.ndarray], ts: list[np.ndarray], draws: int) -> dict[str, Any] | None:
+    """Step 0's figures per draw and the bars the rule gives from them (``[rl_sync] draws`` > 1)."""
+    if draws <= 1:
+        return None
+    from harness.kinds.rl.calibrate import MARGIN, calibrated_bars, draw_figures
+
+    try:
+        figs = draw_figures(rs, ts, draws)
+        return {"draws": figs, "margin": MARGIN, "bars": calibrated_bars(figs)}
+    except ValueError as e:
+        return {"error": str(e)}
 
 
 def _trainer_ref(p: Prepared) -> dict[str, Any]:

@@ -10,8 +10,9 @@ import pytest
 
 from harness.kinds.rl import judge as jd
 from harness.kinds.rl.calibrate import MARGIN, calibrated_bars, distance, draw_figures, toml_table
-from harness.kinds.rl.settings import BAR_KEYS, parse
+from harness.kinds.rl.settings import BAR_KEYS, parse, verdict_names
 from harness.suites import SuiteError, load_suite
+from harness.tomlcheck import load_toml
 
 HEAD = """name = "rlb"
 version = 1
@@ -131,3 +132,24 @@ def test_bars_from_a_record_need_its_draws_and_a_sane_step_0(tmp_path: Path) -> 
     del rec["extra"]["rl"]["calibration"]
     path.write_text(json.dumps(rec))
     assert main(["rl", "--bars-from", str(path)]) == 2
+
+
+def test_the_committed_bf16_bars_follow_the_rule_from_their_calibration_records() -> None:
+    """Each model's bars in suite rl_bf16 are what the rule gives from the draws its calibration
+    record measured (the record named in the suite), and a bar is never set without one."""
+    import json
+
+    from harness.kinds.rl.calibrate import bars_from_record
+    from harness.workspace import Workspace
+
+    ws = Workspace.default()
+    raw = load_toml(ws.suites / "rl_bf16.toml")
+    s = parse(load_suite(ws.suites / "rl_bf16.toml"))
+    assert s.model_bars and not s.bars
+    assert set(verdict_names(raw)) >= {f"rl.{k}" for k in BAR_KEYS}
+    for model, bars in s.model_bars.items():
+        found = sorted((ws.records / model / "rl_bf16_calibrate").glob("*.json"))
+        assert found, f"no calibration record for {model}"
+        name, want, draws = bars_from_record(json.loads(found[-1].read_text()))
+        assert name == model and len(draws) >= 3
+        assert bars == pytest.approx(want), model

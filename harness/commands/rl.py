@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.console import note
+from harness.console import error, note
 from harness.console import stdout as console
 from harness.workspace import Workspace
 
@@ -24,6 +24,9 @@ def rl_args(p: argparse.ArgumentParser) -> None:
                    help="score the rollouts with your trainer (default: transformers)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                    help="the lane: the engine's dtype and the trainer's declared one (default: the suite's)")
+    p.add_argument("--bars-from", default=None, metavar="RECORD",
+                   help="print the bars the rule sets from a calibration run's step-0 draws "
+                        "(suite rl_bf16_calibrate) as the model's table for suite rl_bf16; runs nothing")
 
 
 def separation(clean: float, planted: float) -> float:
@@ -36,6 +39,8 @@ def cmd_rl(a: argparse.Namespace, ws: Workspace) -> int:
     from harness.pipeline import run_gate_by_name
     from harness.report import print_record
 
+    if a.bars_from:
+        return _print_bars(a.bars_from)
     runs = [None, *CONTROLS] if a.control == "all" else [a.control]
     opts = {"progress": note, "trainer": a.trainer, "dtype": a.dtype}
     ok = True
@@ -54,6 +59,23 @@ def cmd_rl(a: argparse.Namespace, ws: Workspace) -> int:
                 console.print(f"separation {control}: {separation(main[None], v):.3g}x "
                               f"(mean |Δ logprob| {v:.3g} vs clean {main[None]:.3g})")
     return 0 if ok else 1
+
+
+def _print_bars(path: str) -> int:
+    import json
+    from pathlib import Path
+
+    from harness.kinds.rl.calibrate import bars_from_record, toml_table
+
+    p = Path(path)
+    try:
+        model, bars, draws = bars_from_record(json.loads(p.read_text()))
+    except (OSError, ValueError, KeyError) as e:
+        error(f"{path}: {e}")
+        return 2
+    table = toml_table(model, bars, draws, f"record {p.name}")
+    console.print(table, markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 HELP = "RL weight sync: trainer vs rollout across in-place weight updates of a running vLLM, MoE routing"

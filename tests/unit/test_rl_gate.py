@@ -279,7 +279,7 @@ def test_the_committed_suites_parse() -> None:
     from harness.pipeline import kind_of
     from harness.workspace import Workspace
 
-    for name in ("rl", "rl_small", "rl_bf16"):
+    for name in ("rl", "rl_small", "rl_bf16", "rl_bf16_calibrate"):
         suite = load_suite(Workspace.default().suites / f"{name}.toml")
         assert kind_of(suite).name == "rl"
         assert parse(suite).shared_share >= 0.8
@@ -398,3 +398,32 @@ def test_version_spans_name_the_tokens_another_version_sampled() -> None:
     short = jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, [{"version": "2", "start": 0, "end": 2}])})
     assert short.status == "fail" and "cover 2 of its 3 tokens" in short.summary
     assert jd.judge_version(2, "2", "2", "1", {"s2-c0": (3, None)}).status == "pass"
+
+
+def test_without_vllm_checksums_the_tap_is_the_evidence_and_still_bites() -> None:
+    from harness.engines.vllm.rl_taps import vllm_checksums
+
+    class Old:  # a release without compute_weight_checksums (0.31.0)
+        pass
+
+    class New:
+        def compute_weight_checksums(self) -> dict[str, str]:
+            return {"w": "ab"}
+
+    assert vllm_checksums(Old()) is None and vllm_checksums(New()) == {"w": "ab"}
+    ok = [_arrival("model.layers.0.self_attn.q_proj.weight", 0.0, ck="absent")]
+    v = jd.judge_weights(1, ok, S)
+    assert v.status == "pass" and "no per-tensor checksums" in v.summary
+    assert v.evidence["vllm_checksums"]["absent"] == 1
+    bad = [*ok, _arrival("model.layers.0.self_attn.k_proj.weight", 0.02, same=True, ck="absent")]
+    assert jd.judge_weights(2, bad, S).status == "fail"
+
+
+def test_a_release_candidate_is_named_before_any_engine() -> None:
+    from harness.kinds.rl.kind import release_venv
+    from harness.pin import oracle_pin
+
+    assert release_venv("vllm") is None
+    assert release_venv(f"vllm@{oracle_pin().version}") is None  # the pin: the project's own venv
+    with pytest.raises(SuiteError, match="CANDIDATE=vllm@latest"):
+        release_venv("vllm@latest")

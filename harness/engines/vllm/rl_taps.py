@@ -27,6 +27,13 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 """What vLLM's checksum of an emptied parameter is: ``e3b0c442...b855``."""
 
 
+def vllm_checksums(worker: Any) -> dict[str, str] | None:
+    """vLLM's own per-tensor checksums (what the server's ``/weight_checker`` returns), or None where
+    the release has none (``compute_weight_checksums`` came with 0.32.0)."""
+    compute = getattr(worker, "compute_weight_checksums", None)
+    return None if compute is None else compute()
+
+
 def _model(worker: Any) -> Any:
     return worker.get_model() if hasattr(worker, "get_model") else worker.model_runner.model
 

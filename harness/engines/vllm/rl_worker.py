@@ -10,8 +10,9 @@ again as ``__mp_main__``, so the backend is in its factory too), and then, step 
    ``finish_weight_update(weight_version=...)`` — unless the step has none (step 0, the checkpoint);
 2. ``reset_prefix_cache()`` unless the step says not to (a planted control);
 3. seeded rollouts, every request in one ``generate`` call;
-4. the evidence: vLLM's own per-tensor checksums, the engine's reported weight version, what the
-   backend loaded, and the harness's tap on the engine's weights (:mod:`harness.engines.vllm.rl_taps`);
+4. the evidence: vLLM's own per-tensor checksums (where the release has them), the engine's
+   reported weight version, what the backend loaded, and the harness's tap on the engine's weights
+   (:mod:`harness.engines.vllm.rl_taps`);
 5. with ``routes``, on its step: one prefill per rollout (prompt + sampled tokens; the prefix cache reset
    before each, so that every position is computed) with the routers tapped.
 
@@ -204,7 +205,7 @@ def run_session(llm: Any, req: dict[str, Any]) -> tuple[list[dict], dict[str, fl
         timings["rollout_s"] += (dt := time.perf_counter() - t0)
         info["rollout_s"] = dt
         t0 = time.perf_counter()
-        info["checksums"] = llm.collective_rpc("compute_weight_checksums")[0]
+        info["checksums"] = llm.collective_rpc(vllm_rl_taps.vllm_checksums)[0]  # None: release has none
         path = os.path.join(req["tap_dir"], f"weights-{k}.safetensors")
         info["tap"] = {"path": path, "how": llm.collective_rpc(vllm_rl_taps.weights, args=(path,))[0]}
         timings["tap_s"] += time.perf_counter() - t0
@@ -235,9 +236,11 @@ def main(request_path: str, result_path: str) -> int:
         start_s = time.perf_counter() - t0
         lines, timings = run_session(llm, req)
         official = official_routes(req["model"], req["engine"]) if req.get("routes") else None
+        sums = [d["checksums"] for d in lines if d.get("kind") == "step"]
         meta = {
             "version": vllm.__version__,
             "backend": vllm_rl_backend.BACKEND,
+            "vllm_checksums": "absent" if all(c is None for c in sums) else "compute_weight_checksums",
             "timings": {"engine_start_s": start_s, **timings},
         }
         worker_lines.write_result(out, {**meta, **({"official_routes": official} if official else {})}, lines)

@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.api import EngineFailed, EngineRefused
 from harness.engines.base import split_spec
+from harness.engines.launch.venvs import VenvError, VenvInfo, check_version
 from harness.kinds.base import GateRequest, Judgement
 from harness.kinds.invariance.trainer import transform
 from harness.kinds.rl.run import (
@@ -60,13 +61,22 @@ class RLKind:
 
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         s = parse(req.suite)
-        name, arg = split_spec(req.candidate)
-        if name not in ENGINES or arg not in (None, REPACK_ARG):
+        mine = s.for_model(req.model.name)
+        if mine is None:
             raise SuiteError(
-                f"{req.suite.path}: the rl kind drives the pinned vLLM, offline (CANDIDATE=vllm) or its "
-                f"server over HTTP (CANDIDATE=vllm-server), either with :{REPACK_ARG} for the harness's "
-                f"CPU repack after each update; {req.candidate!r} is not supported"
+                f"{req.suite.path}: [rl_sync.model_bars] holds bars for {', '.join(sorted(s.model_bars))}, "
+                f"none for {req.model.name}: measure its step-0 floor first (docs/rl.md, \"bfloat16 bars\")"
             )
+        s = mine
+        name, arg = split_spec(req.candidate)
+        if not (name in ENGINES or name.startswith("vllm@")) or arg not in (None, REPACK_ARG):
+            raise SuiteError(
+                f"{req.suite.path}: the rl kind drives vLLM offline (CANDIDATE=vllm, the pin, or "
+                f"vllm@<version>, another release in its own venv) or the pinned server over HTTP "
+                f"(CANDIDATE=vllm-server); :{REPACK_ARG} adds the harness's CPU repack after each "
+                f"update; {req.candidate!r} is not supported"
+            )
+        release = None if name == "vllm-server" else release_venv(name)
         control = req.options.get("control") or None
         if control is not None and control not in CONTROLS:
             raise SuiteError(f"CONTROL={control!r}: valid planted controls are {', '.join(CONTROLS)}")
@@ -113,6 +123,7 @@ class RLKind:
             top_k=int(cfg.get("num_experts_per_tok") or 0),
             repack=arg == REPACK_ARG,
             server=name == "vllm-server",
+            venv=release,
         )
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
@@ -148,7 +159,8 @@ class RLKind:
             else:
                 session = run_session(
                     req.model.path, req.model.name, engine, steps, sampling, p.run_dir / "engine", routes,
-                    START_TIMEOUT_S, repack=p.repack,
+                    START_TIMEOUT_S, python=str(p.venv.python) if p.venv is not None else None,
+                    repack=p.repack,
                 )  # fmt: skip
         except (EngineRefused, EngineFailed) as e:
             status = "refused" if isinstance(e, EngineRefused) else "error"
@@ -174,6 +186,21 @@ class RLKind:
 
     def judge(self, ws: Workspace, req: GateRequest, p: Prepared, ran: Ran) -> Judgement:
         return judge_run(req, p, ran, drop_name=_drop(ran, p))
+
+
+def release_venv(name: str) -> VenvInfo | None:
+    """``vllm@<version>``: that release's venv (installed on first use, minutes); None for the pin
+    (``vllm``, or ``vllm@`` naming the pinned version). A bad version or a failed install is named."""
+    if name == "vllm":
+        return None
+    from harness.engines.vllm.release import release_python
+    from harness.pin import oracle_pin
+
+    try:
+        version = check_version(name.partition("@")[2])
+        return None if version == oracle_pin().version else release_python(version)
+    except VenvError as e:
+        raise SuiteError(f"CANDIDATE={name}: {e}") from None
 
 
 def _names(folder: Path) -> list[str]:

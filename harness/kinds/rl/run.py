@@ -112,6 +112,8 @@ class Prepared:
     """The backend redoes the CPU repack vLLM's reload skips (``CANDIDATE=vllm:repack=cpu``)."""
     server: bool = False
     """The pinned server over HTTP (``CANDIDATE=vllm-server``), with the pause phase."""
+    venv: Any = None
+    """Another vLLM release's venv (``CANDIDATE=vllm@<version>``, a ``VenvInfo``); None: the pin."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

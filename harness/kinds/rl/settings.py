@@ -4,11 +4,20 @@ with errors naming the file, the table and the key (:mod:`harness.tomlcheck`).""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.suites import Suite, SuiteError
-from harness.tomlcheck import Where, check_keys, need_choice, need_int, need_list, need_number, need_table
+from harness.tomlcheck import (
+    Where,
+    check_keys,
+    check_table,
+    need_choice,
+    need_int,
+    need_list,
+    need_number,
+    need_table,
+)
 
 TABLE = "rl_sync"
 STEP_KINDS = ("checkpoint", "ordinary", "identity", "easy")
@@ -60,6 +69,24 @@ class RLSettings:
     had finished, or had every token produced and on its way, before the pause took effect."""
     r3_gain: float = 0.0
     """Routing replay (R3) must lower the mismatch by at least this factor where routes differ."""
+    draws: int = 1
+    """The cases, in order, form this many draws of equal size: the record gives step 0's figures per
+    draw (independent measurements of the pair's floor, to calibrate bars from)."""
+    model_bars: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Bars per model (``[rl_sync.model_bars.<model>]``), over ``bars``: a floor set by the model
+    (bfloat16 rounding), calibrated on each model's own step 0."""
+    bars_from: str = "bars"
+    """Which table the bars in force came from (``bars`` or ``model_bars.<model>``)."""
+
+    def for_model(self, model: str) -> RLSettings | None:
+        """The settings with ``model``'s bars in force; None when the suite has bars per model and
+        none for it, and no common ``bars`` to fall back on."""
+        if model in self.model_bars:
+            bars = {**self.bars, **self.model_bars[model]}
+            return replace(self, bars=bars, model_bars={}, bars_from=f"model_bars.{model}")
+        if self.model_bars and not self.bars:
+            return None
+        return replace(self, model_bars={})
 
     @property
     def shared_share(self) -> float:
@@ -96,6 +123,8 @@ def parse(suite: Suite) -> RLSettings:
             "weight_tol",
             "routing_min_agreement",
             "pause_tokens",
+            "draws",
+            "model_bars",
         ),
     )
     steps = tuple(need_list(raw, "steps", w, of=str))
@@ -106,14 +135,16 @@ def parse(suite: Suite) -> RLSettings:
         raise (w / "steps").fail("must start with 'checkpoint' (step 0) and hold it once")
     if len(steps) < 2:
         raise (w / "steps").fail("needs at least one update after the checkpoint")
-    bars_raw = need_table(raw, "bars", w, {})
-    bw = w / "bars"
-    check_keys(bars_raw, bw, tuple(BAR_KEYS))
-    bars = {
-        k: need_number(bars_raw, k, bw, lo=lo, hi=hi) for k, (lo, hi, _) in BAR_KEYS.items() if k in bars_raw
+    bars = _bars(need_table(raw, "bars", w, {}), w / "bars")
+    mw = w / "model_bars"
+    model_bars = {
+        m: _bars(check_table(t, mw / m), mw / m) for m, t in need_table(raw, "model_bars", w, {}).items()
     }
-    if not bars:
-        raise bw.fail(f"names no bar; give at least one of {', '.join(BAR_KEYS)}")
+    if not bars and not model_bars:
+        raise (w / "bars").fail(f"names no bar; give at least one of {', '.join(BAR_KEYS)}")
+    for m, mb in model_bars.items():
+        if not mb:
+            raise (mw / m).fail(f"names no bar; give at least one of {', '.join(BAR_KEYS)}")
     s = RLSettings(
         steps=steps,
         relative=need_number(raw, "relative", w, 0.02, lo=0.0, hi=1.0, lo_open=True),
@@ -132,6 +163,8 @@ def parse(suite: Suite) -> RLSettings:
         weight_tol=need_number(raw, "weight_tol", w, 1e-6, lo=0.0, hi=1.0),
         routing_min_agreement=need_number(raw, "routing_min_agreement", w, 0.99, lo=0.0, hi=1.0),
         pause_tokens=need_int(raw, "pause_tokens", w, 1024, lo=2),
+        draws=need_int(raw, "draws", w, 1, lo=1),
+        model_bars=model_bars,
     )
     if s.shared_share < 0.8:
         raise (w / "shared_tokens").fail(
@@ -139,6 +172,8 @@ def parse(suite: Suite) -> RLSettings:
             f"before (shared_tokens {s.shared_tokens}, tail_tokens "
             f"{s.tail_tokens}); the gate needs at least 80%"
         )
+    if len(suite.cases) % s.draws:
+        raise (w / "draws").fail(f"{len(suite.cases)} cases do not split into {s.draws} draws of equal size")
     for c in suite.cases:
         if c.ids is not None and len(c.ids) < s.shared_tokens:
             raise SuiteError(
@@ -146,6 +181,11 @@ def parse(suite: Suite) -> RLSettings:
                 f"[{TABLE}] shared_tokens {s.shared_tokens}"
             )
     return s
+
+
+def _bars(raw: Mapping[str, Any], w: Where) -> dict[str, float]:
+    check_keys(raw, w, tuple(BAR_KEYS))
+    return {k: need_number(raw, k, w, lo=lo, hi=hi) for k, (lo, hi, _) in BAR_KEYS.items() if k in raw}
 
 
 VERDICTS = (
@@ -156,5 +196,7 @@ VERDICTS = (
 def verdict_names(raw: Mapping[str, Any]) -> list[str]:
     """Every verdict name a run of the raw suite can give (FEATURES.md rows name them)."""
     table = raw.get(TABLE)
-    bars = table.get("bars") if isinstance(table, Mapping) else None
-    return [*VERDICTS, *(f"rl.{k}" for k in (bars if isinstance(bars, Mapping) else {}))]
+    table = table if isinstance(table, Mapping) else {}
+    tables = [table.get("bars"), *dict(table.get("model_bars") or {}).values()]
+    keys = {k for t in tables if isinstance(t, Mapping) for k in t}
+    return [*VERDICTS, *(f"rl.{k}" for k in BAR_KEYS if k in keys)]

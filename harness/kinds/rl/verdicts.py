@@ -117,6 +117,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         "backend": "harness_files",
         "repack": "cpu" if p.repack else None,
         "transport": "http" if p.server else "offline",
+        "bars_from": p.s.bars_from,
     }
     if ran.failure is not None:
         vs = failure(req, p, ran)
@@ -141,6 +142,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
     layout: list[dict[str, Any]] = []
     step_lines = {int(d["index"]): d for d in ran.session.steps}
     tokens: dict[int, list[tuple[int, ...]]] = {}
+    calibration: dict[str, Any] | None = None
     for plan in p.plans:
         k = plan.index
         rs, ts, toks = _pairs(p, ran, k)
@@ -151,6 +153,7 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         verdicts += jd.metric_verdicts(k, plan.kind, m, p.s)
         if k == 0:
             controls += ctl.sync_controls(rs, p.s)
+            calibration = _calibration(rs, ts, p.s.draws)
         if plan.kind == "identity" and plan.reference is not None:
             verdicts.append(
                 jd.judge_identity(
@@ -241,10 +244,11 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
             "engine_meta": {
                 k: v
                 for k, v in ran.session.meta.items()
-                if k in ("version", "backend", "transport", "timings", "official_routes")
+                if k in ("version", "backend", "transport", "vllm_checksums", "timings", "official_routes")
             },
             **({"routing": routing} if routing else {}),
             **({"pause": pause_json} if pause_json else {}),
+            **({"calibration": calibration} if calibration else {}),
         }
     }
     return Judgement(
@@ -258,6 +262,19 @@ def judge_run(req: GateRequest, p: Prepared, ran: Ran, drop_name: str | None) ->
         extra=extra,
         reference=_trainer_ref(p),
     )
+
+
+def _calibration(rs: list[np.ndarray], ts: list[np.ndarray], draws: int) -> dict[str, Any] | None:
+    """Step 0's figures per draw and the bars the rule gives from them (``[rl_sync] draws`` > 1)."""
+    if draws <= 1:
+        return None
+    from harness.kinds.rl.calibrate import MARGIN, calibrated_bars, draw_figures
+
+    try:
+        figs = draw_figures(rs, ts, draws)
+        return {"draws": figs, "margin": MARGIN, "bars": calibrated_bars(figs)}
+    except ValueError as e:
+        return {"error": str(e)}
 
 
 def _trainer_ref(p: Prepared) -> dict[str, Any]:
@@ -311,6 +328,7 @@ def candidate_name(req: GateRequest, p: Prepared) -> str:
 
 def engine_info(req: GateRequest, p: Prepared, ran: Ran) -> EngineInfo:
     meta = ran.session.meta if ran.session is not None else {}
+    env = {"venv": {k: v for k, v in p.venv.to_json().items() if k != "path"}} if p.venv is not None else {}
     return EngineInfo(
         candidate_name(req, p),
         "vllm",
@@ -323,6 +341,7 @@ def engine_info(req: GateRequest, p: Prepared, ran: Ran) -> EngineInfo:
             "weight_transfer_backend": str(meta.get("backend") or "harness_files"),
             "transport": "http" if p.server else "offline",
         },
+        environment=env,
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.kinds.rl.pause import in_flight, judge_pause, pause_controls, pause_plan
+from harness.kinds.rl.pause import in_flight, judge_pause, pause_controls, pause_plan, unexercised
 
 MAX = 200
 
@@ -174,13 +174,109 @@ def test_pause_plan_moves_the_weights_at_every_update() -> None:
         for k in range(5)
     ]
     files = [f"step-{k}/model.safetensors" for k in range(5)]
-    plan = pause_plan(steps, ("abort", "wait", "keep"), 64, files)
-    assert [p["version"] for p in plan] == ["5", "6", "7"]
-    assert [(p["from_step"], p["to_step"]) for p in plan] == [(4, 3), (3, 4), (4, 3)]
-    assert [p["update"]["path"] for p in plan] == [files[3], files[4], files[3]]
-    ids = [r["id"] for p in plan for r in p["rollouts"]]
-    assert len(set(ids)) == 6 and all(r["prompt_ids"] == [1, 2, 4] for p in plan for r in p["rollouts"])
-    assert len({r["seed"] for p in plan for r in p["rollouts"]}) == 6
+    plan = pause_plan(steps, ("abort", "wait", "keep"), 64, files, 2048)
+    assert plan["weights"] == {"3": files[3], "4": files[4]} and plan["at"] == 4
+    assert plan["first_version"] == 5 and plan["max_tokens"] == 64 and plan["max_tokens_cap"] == 2045
+    assert [m["mode"] for m in plan["modes"]] == ["abort", "wait", "keep"]
+    ids = [r["id"] for m in plan["modes"] for r in m["rollouts"]]
+    assert len(set(ids)) == 6 and all(r["prompt_ids"] == [1, 2, 4] for m in plan["modes"] for r in m["rollouts"])
+    assert len({r["seed"] for m in plan["modes"] for r in m["rollouts"]}) == 6
+
+
+def _counts(finished: dict[str, float], running: float = 0.0, waiting: float = 0.0) -> dict[str, Any]:
+    return {"running": running, "waiting": waiting, "generation_tokens": 0.0, "finished": finished}
+
+
+def _with_server(ev: dict[str, Any], finished: dict[str, float], at_pause: float, held: float) -> dict[str, Any]:
+    """``ev`` with the server's counts: ``finished`` over the mode, ``at_pause`` running just before
+    /pause, ``held`` running while paused."""
+    ev["engine_before"] = _counts({"length": 8.0, "abort": 1.0})
+    ev["engine_at_pause"] = _counts({}, running=at_pause)
+    ev["engine_paused"] = _counts({}, running=held)
+    after = dict(ev["engine_before"]["finished"])
+    for k, v in finished.items():
+        after[k] = after.get(k, 0.0) + v
+    ev["engine_after"] = _counts(after)
+    return ev
+
+
+def test_requests_the_engine_finished_before_an_abort_are_not_aborted_requests() -> None:
+    """Under load the engine finished every request before /pause?mode=abort took effect while the
+    client had read a fraction of each: the server's counts say it aborted none. That is a mode not
+    exercised, not requests "returned as finished" (what the client's view alone concluded)."""
+    ev = _ev("abort")
+    for r in ev["requests"]:
+        r.update(finish_reason="length", token_ids=list(range(MAX)), weight_versions=[{"version": "4", "start": 0, "end": MAX}])
+    assert "returned as finished" in judge_pause(ev).summary  # the client's view alone
+    v = judge_pause(_with_server(ev, {"length": 2.0}, at_pause=2.0, held=0.0))
+    assert v.status == "fail" and "the server aborted none of the 2 requests" in v.summary
+    assert "not exercised" in v.summary and v.evidence["in_flight_by"] == "server"
+    assert unexercised(ev) is not None
+
+
+def test_an_abort_the_server_counted_must_come_back_as_one() -> None:
+    ev = _with_server(_ev("abort"), {"abort": 2.0}, at_pause=2.0, held=0.0)
+    v = judge_pause(ev)
+    assert v.status == "pass" and v.evidence["in_flight"] == 2 and v.evidence["server"]["finished"] == {"abort": 2}
+    r = ev["requests"][1]
+    r.update(finish_reason="length", token_ids=list(range(MAX)))
+    v = judge_pause(ev)
+    assert v.status == "fail"
+    assert "the server aborted 2 requests, 1 came back saying so: request a1 returned as finished" in v.summary
+
+
+def test_kept_requests_counted_by_the_server_must_each_resume_on_the_new_version() -> None:
+    ev = _ev("keep")
+    # a third request the engine finished before the pause: old version only, finished
+    ev["requests"].append(_req("k2", MAX, "length", [("6", 0, MAX)], 0.5, at_pause=40))
+    _with_server(ev, {"length": 3.0}, at_pause=3.0, held=2.0)
+    v = judge_pause(ev)
+    assert v.status == "pass", v.summary
+    assert v.evidence["in_flight"] == 2
+    ev["requests"][0]["weight_versions"] = [{"version": "6", "start": 0, "end": MAX}]
+    v = judge_pause(ev)
+    assert v.status == "fail" and "the server held 2 requests while paused, 1 resumed on the new version" in v.summary
+    assert "request k0 has every token credited to '6'" in v.summary
+
+
+def test_a_request_finished_before_the_pause_must_be_on_the_old_version() -> None:
+    ev = _ev("keep")
+    ev["requests"].append(_req("k2", MAX, "length", [("6", 0, 50), ("8", 50, MAX)], 0.5, at_pause=40))
+    v = judge_pause(_with_server(ev, {"length": 3.0}, at_pause=3.0, held=2.0))
+    assert v.status == "fail" and "request k2 (finished before the pause)" in v.summary
+
+
+@pytest.mark.parametrize("mode", ["abort", "wait", "keep"])
+def test_with_the_servers_counts_every_planted_copy_still_fails(mode: str) -> None:
+    held = 2.0 if mode == "keep" else 0.0
+    fin = {"abort": 2.0} if mode == "abort" else {"length": 2.0}
+    ev = _with_server(_ev(mode), fin, at_pause=2.0, held=held)
+    cs = pause_controls([ev], {mode: _scores(ev)}, 1e-4)
+    assert len(cs) == 4 and all(c.ok for c in cs), [(c.mutation, c.got, c.note) for c in cs]
+    assert cs[0].got == "pass"
+
+
+def test_the_servers_counts_are_read_off_its_metrics() -> None:
+    from harness.engines.vllm.rl_pause import engine_counts
+
+    body = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:generation_tokens_total{engine="0",model_name="m"} 4096.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 4.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 2.0
+vllm:request_success_created{engine="0",finished_reason="abort",model_name="m"} 1.7e9
+"""
+
+    class Body:
+        def text(self, path: str) -> str:
+            assert path == "/metrics"
+            return body
+
+    got = engine_counts(Body())  # type: ignore[arg-type]
+    assert got == {"running": 3.0, "waiting": 1.0, "generation_tokens": 4096.0,
+                   "finished": {"length": 4.0, "abort": 2.0}}  # fmt: skip
 
 
 def test_the_server_runs_with_the_rl_routes_backend_and_worker_extension(tmp_path: Any) -> None:

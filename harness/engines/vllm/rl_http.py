@@ -15,8 +15,8 @@ The same steps as the offline session (:mod:`harness.engines.vllm.rl`), the same
 * evidence: ``POST /weight_checker {"action": "checksum"}`` (vLLM's per-tensor checksums) and the
   harness's taps through ``POST /collective_rpc`` on the worker extension
   (:mod:`harness.engines.vllm.rl_ext`);
-* then the pause phase (:func:`pause_phase`): an update with requests in flight, once per ``/pause``
-  mode.
+* then the pause phase (:mod:`harness.engines.vllm.rl_pause`): an update with requests in
+  flight, once per ``/pause`` mode.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,8 @@ from harness.engines.launch.procs import engine_env
 from harness.engines.vllm.preload import PreloadMissing, preload_env
 from harness.engines.vllm.rl import RL_ENGINE_SETTINGS, Session
 from harness.engines.vllm.rl_backend import BACKEND
+from harness.engines.vllm.rl_pause import pause_phase
+from harness.engines.vllm.rl_wire import Http, params, update
 from harness.engines.vllm.server import VLLMServer, server_args
 from harness.models import ModelRef
 
@@ -42,10 +42,6 @@ LAUNCHER = Path(__file__).with_name("rl_serve.py")
 EXTENSION = "rl_ext.HarnessRLExtension"
 """The worker extension's qualified name, importable in the engine core (``rl_serve.py`` puts its
 folder on the path)."""
-PAUSE_MODES = ("abort", "wait", "keep")
-"""What the pinned server's ``/pause`` offers: abort the requests in flight; wait for them to
-finish; keep them frozen and resume them on ``/resume``."""
-HTTP_TIMEOUT_S = 600.0
 
 
 class RLServer(VLLMServer):
@@ -65,68 +61,6 @@ class RLServer(VLLMServer):
 
     def env(self) -> dict[str, str]:
         return preload_env(self.python, {**engine_env(), "VLLM_SERVER_DEV_MODE": "1"})
-
-
-class Http:
-    """JSON over HTTP to one server; a refusal raises :class:`EngineFailed` with the route and body."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base.rstrip("/")
-
-    def call(self, method: str, path: str, body: Any = None, timeout: float = HTTP_TIMEOUT_S) -> Any:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                raw = r.read()
-        except urllib.error.HTTPError as e:
-            raise EngineFailed(f"{method} {path}: HTTP {e.code}: {_body(e)}") from None
-        except OSError as e:
-            raise EngineFailed(f"{method} {path}: {e}") from None
-        return json.loads(raw) if raw.strip() else None
-
-    def post(self, path: str, body: Any = None, timeout: float = HTTP_TIMEOUT_S) -> Any:
-        return self.call("POST", path, {} if body is None else body, timeout)
-
-    def get(self, path: str) -> Any:
-        return self.call("GET", path)
-
-    def rpc(self, method: str, *args: str) -> Any:
-        got = self.post("/collective_rpc", {"method": method, "args": list(args)})
-        return None if got is None else got["results"][0]
-
-    def stream(self, path: str, body: Any, on_chunk: Any, timeout: float = HTTP_TIMEOUT_S) -> None:
-        """A server-sent-events POST: ``on_chunk(dict)`` per ``data:`` line until ``[DONE]``."""
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                for raw in r:
-                    line = raw.decode().strip()
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        return
-                    on_chunk(json.loads(payload))
-        except urllib.error.HTTPError as e:
-            raise EngineFailed(f"POST {path}: HTTP {e.code}: {_body(e)}") from None
-
-
-def _body(e: urllib.error.HTTPError) -> str:
-    return e.read().decode(errors="replace")[:800]
-
-
-def _params(sampling: Mapping[str, Any], seed: int, max_tokens: int | None = None) -> dict[str, Any]:
-    return {
-        "temperature": sampling["temperature"],
-        "top_p": sampling["top_p"],
-        "max_tokens": int(max_tokens or sampling["max_tokens"]),
-        "seed": int(seed),
-        "logprobs": 0,
-        "ignore_eos": True,
-    }
 
 
 def _case(step: int, rid: str, got: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,7 +88,7 @@ def rollouts(http: Http, sampling: Mapping[str, Any], rolls: Sequence[Mapping[st
         try:
             got[r["id"]] = http.post("/inference/v1/generate", {
                 "request_id": f"{r['id']}-{time.monotonic_ns()}", "model": model,
-                "token_ids": list(r["prompt_ids"]), "sampling_params": _params(sampling, int(r["seed"]))})
+                "token_ids": list(r["prompt_ids"]), "sampling_params": params(sampling, int(r["seed"]))})
         except EngineFailed as e:
             got[r["id"]] = e
 
@@ -167,18 +101,6 @@ def rollouts(http: Http, sampling: Mapping[str, Any], rolls: Sequence[Mapping[st
         if isinstance(got[r["id"]], EngineFailed):
             raise got[r["id"]]
     return [_case(step, r["id"], got[r["id"]]) for r in rolls]
-
-
-def update(http: Http, up: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """``start_weight_update`` … ``finish_weight_update``; what the backend received and repacked."""
-    t0 = time.perf_counter()
-    http.post("/start_weight_update")
-    if up.get("apply", True):
-        http.post("/update_weights", {"update_info": {"path": up["path"], "names": up.get("names")}})
-    http.post("/finish_weight_update", {"weight_version": version})
-    seconds = time.perf_counter() - t0
-    return {"update_s": seconds, "received": http.rpc("harness_received") or [],
-            "repacked": http.rpc("harness_repacked") or []}
 
 
 def _routes(http: Http, cases: Sequence[Mapping[str, Any]], rolls: Sequence[Mapping[str, Any]],
@@ -245,12 +167,14 @@ def run_http_session(
     sampling: Mapping[str, Any],
     work: Path,
     routes: Mapping[str, int] | None,
-    pause: Sequence[Mapping[str, Any]],
+    pause: Mapping[str, Any] | None,
     timeout_s: float,
     python: str | None = None,
     repack: bool = False,
+    unexercised: Callable[[Mapping[str, Any]], str | None] = lambda _ev: None,
 ) -> Session:
-    """Start the server once, run ``steps`` and then the ``pause`` phase over HTTP, stop it."""
+    """Start the server once, run ``steps`` and then the ``pause`` phase over HTTP (none where
+    ``pause`` is None; ``unexercised``: see :func:`pause_phase`), stop it."""
     work.mkdir(parents=True, exist_ok=True)
     settings = {**engine, **RL_ENGINE_SETTINGS}
     server = RLServer(model, settings, python=python, log_path=work / "server.log", start_timeout_s=timeout_s)
@@ -266,7 +190,7 @@ def run_http_session(
         req = {"steps": list(steps), "sampling": dict(sampling), "routes": routes}
         lines, timings = steps_over_http(http, req, model.name, work / "taps")
         t1 = time.perf_counter()
-        paused = pause_phase(http, pause, sampling, model.name)
+        paused = pause_phase(http, pause, sampling, model.name, unexercised) if pause else []
         timings["pause_s"] = time.perf_counter() - t1
         version = _server_version(http)
     except EngineFailed as e:
@@ -291,88 +215,4 @@ def _server_version(http: Http) -> str:
         return "unknown"
 
 
-def pause_phase(http: Http, modes: Sequence[Mapping[str, Any]], sampling: Mapping[str, Any],
-                model: str) -> list[dict[str, Any]]:
-    """One update with requests in flight per ``/pause`` mode (:data:`PAUSE_MODES`). Each entry of
-    ``modes``: {"mode", "version", "update": {"path", "names"}, "from_step", "to_step", "max_tokens",
-    "rollouts": [{"id", "prompt_ids", "seed"}]}. The requests stream; once every one has produced a
-    token the server is paused in the mode, the update runs, the prefix cache is reset, the server
-    resumes; each request's tokens, logprobs, finish reason, ``weight_versions`` and the times it
-    started, got its first token and ended are returned, with the times of the pause and update."""
-    out = []
-    for m in modes:
-        out.append(_one_pause(http, m, sampling, model))
-    return out
-
-
-def _one_pause(http: Http, m: Mapping[str, Any], sampling: Mapping[str, Any], model: str) -> dict[str, Any]:
-    clock = time.perf_counter
-    t_origin = clock()
-    state: dict[str, dict[str, Any]] = {}
-    first = threading.Event()
-
-    def one(r: Mapping[str, Any]) -> None:
-        st = state[r["id"]]
-
-        def chunk(d: Mapping[str, Any]) -> None:
-            for ch in d.get("choices") or ():
-                toks = ch.get("token_ids") or []
-                st["token_ids"] += [int(t) for t in toks]
-                content = (ch.get("logprobs") or {}).get("content") or []
-                st["chosen_logprobs"] += [float(c["logprob"]) for c in content]
-                if toks and st["first_token_t"] is None:
-                    st["first_token_t"] = clock() - t_origin
-                    if all(s["first_token_t"] is not None for s in state.values()):
-                        first.set()
-                if ch.get("finish_reason"):
-                    st["finish_reason"] = ch["finish_reason"]
-                if ch.get("weight_versions") is not None:
-                    st["weight_versions"] = ch["weight_versions"]
-
-        try:
-            http.stream("/inference/v1/generate", {
-                "request_id": f"{r['id']}-{time.monotonic_ns()}", "model": model, "stream": True,
-                "token_ids": list(r["prompt_ids"]),
-                "sampling_params": _params(sampling, int(r["seed"]), int(m["max_tokens"]))}, chunk)
-        except (EngineFailed, OSError) as e:
-            st["error"] = str(e)[:500]
-        st["end_t"] = clock() - t_origin
-        if all(s["end_t"] is not None or s["first_token_t"] is not None for s in state.values()):
-            first.set()
-
-    for r in m["rollouts"]:
-        state[r["id"]] = {"id": r["id"], "prompt_ids": list(r["prompt_ids"]),
-                          "token_ids": [], "chosen_logprobs": [], "finish_reason": None,
-                          "weight_versions": None, "first_token_t": None, "end_t": None, "error": None,
-                          "tokens_at_pause": None}
-    ev: dict[str, Any] = {"mode": m["mode"], "version": str(m["version"]), "from_step": m["from_step"],
-                          "to_step": m["to_step"], "max_tokens": int(m["max_tokens"])}
-    ev["version_before"] = http.get("/weight_info")["weight_version"]
-    threads = [threading.Thread(target=one, args=(r,)) for r in m["rollouts"]]
-    for t in threads:
-        t.start()
-    first.wait(HTTP_TIMEOUT_S)  # every request has streamed a token: pause at once
-    for s in state.values():
-        s["tokens_at_pause"] = len(s["token_ids"])
-    ev["pause_t"] = clock() - t_origin
-    ev["in_flight_at_pause"] = sum(s["end_t"] is None for s in state.values())
-    ev["pause_answer"] = http.post(f"/pause?mode={m['mode']}&clear_cache=false")
-    ev["paused_t"] = clock() - t_origin
-    ev["is_paused"] = http.get("/is_paused").get("is_paused")
-    ev["update_start_t"] = clock() - t_origin
-    up = update(http, m["update"], str(m["version"]))
-    ev["update_end_t"] = clock() - t_origin
-    ev["update_s"] = up["update_s"]
-    ev["received"] = [{"names": len(x["names"]), "bytes": x["bytes"]} for x in up["received"]]
-    ev["reset_while_paused"] = http.post("/reset_prefix_cache")["success"]
-    ev["resume_t"] = clock() - t_origin
-    http.post("/resume")
-    for t in threads:
-        t.join(HTTP_TIMEOUT_S)
-    ev["reset_after"] = http.post("/reset_prefix_cache")["success"]
-    ev["version_after"] = http.get("/weight_info")["weight_version"]
-    ev["requests"] = [state[r["id"]] for r in m["rollouts"]]
-    return ev
-
-
-__all__ = ["PAUSE_MODES", "RLServer", "run_http_session", "pause_phase"]
+__all__ = ["RLServer", "run_http_session", "steps_over_http"]

@@ -147,14 +147,18 @@ class RLKind:
         routes = {"top_k": p.top_k, "step": 0} if p.moe else None
         try:
             if p.server:
-                from harness.engines.vllm.rl_http import PAUSE_MODES, run_http_session
-                from harness.kinds.rl.pause import pause_plan
+                from harness.engines.vllm.rl_http import run_http_session
+                from harness.engines.vllm.rl_pause import PAUSE_MODES
+                from harness.kinds.rl.pause import pause_plan, unexercised
 
                 files = [str(f / "model.safetensors") for f in side.folders]
-                pause = [] if p.control else pause_plan(steps, PAUSE_MODES, p.s.pause_tokens, files)
+                pause = (
+                    None if p.control
+                    else pause_plan(steps, PAUSE_MODES, p.s.pause_tokens, files, req.model.limits.max_len)
+                )  # fmt: skip
                 session = run_http_session(
                     req.model, engine, steps, sampling, p.run_dir / "engine", routes, pause, START_TIMEOUT_S,
-                    repack=p.repack,
+                    repack=p.repack, unexercised=unexercised,
                 )  # fmt: skip
             else:
                 session = run_session(

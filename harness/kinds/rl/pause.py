@@ -1,10 +1,20 @@
 """The pause phase over HTTP: an update with requests in flight, once per ``/pause`` mode of the
 pinned server, and what each mode promises (``rl_pause``, one verdict per mode).
 
-What the server returns per request (:func:`harness.engines.vllm.rl_http.pause_phase`): its tokens,
+What the server returns per request (:func:`harness.engines.vllm.rl_pause.pause_phase`): its tokens,
 its finish reason, ``weight_versions`` (spans of output tokens and the weight version that sampled
 them), when it got its first token and when its stream ended; per mode: the versions before and
-after, when ``/pause`` was called, when it returned, when the update started and ended.
+after, when ``/pause`` was called, when it returned, when the update started and ended, and the
+server's own counts (``/metrics``) before, at, during and after the pause.
+
+**In flight is the engine's word, not the client's.** Under load the engine can finish a request
+while the client has read a fraction of its tokens: judged by the client alone, a request the engine
+had finished before ``/pause?mode=abort`` took effect reads as "aborted, yet returned as finished".
+Where the server's counts are in the evidence (:func:`engine_facts`), they decide: in ``abort`` the
+number of requests the server finished with reason ``abort``; in ``keep`` the number it held while
+paused; a request the engine had finished before the pause must simply be finished, every token by
+the old version. A mode that met no request in flight (:func:`unexercised`) is tried again with
+twice the tokens (up to the context); if it never does, it fails as not exercised.
 
 * ``abort``: every request in flight at the pause says so (finish reason ``abort``), is never
   returned as finished (``length`` / ``stop``, or all its tokens), and no token of it comes from the
@@ -103,9 +113,83 @@ def _against_weights(mode: str, fig: Mapping[str, Any], tol: float) -> str | Non
 
 
 def in_flight(ev: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The requests whose stream had not ended when ``/pause`` was called."""
+    """The requests whose stream had not ended, as the client saw it, when ``/pause`` was called."""
     t = float(ev["pause_t"])
     return [r for r in ev["requests"] if r.get("end_t") is None or float(r["end_t"]) > t]
+
+
+def engine_facts(ev: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the server counted over one mode (None for evidence recorded without its counts):
+    ``finished`` (requests finished per reason, over the mode), ``running_at_pause`` (running and
+    waiting just before ``/pause``, as the front end knew it), ``held_while_paused`` (running and
+    waiting once the counts settled while paused)."""
+    b, a = ev.get("engine_before"), ev.get("engine_after")
+    if not b or not a:
+        return None
+    fin = {k: int(round(v - b["finished"].get(k, 0.0))) for k, v in a["finished"].items()}
+    at, held = ev.get("engine_at_pause") or {}, ev.get("engine_paused") or {}
+    return {
+        "finished": {k: v for k, v in fin.items() if v},
+        "running_at_pause": int(at.get("running", 0) + at.get("waiting", 0)),
+        "held_while_paused": int(held.get("running", 0) + held.get("waiting", 0)),
+    }
+
+
+def unexercised(ev: Mapping[str, Any]) -> str | None:
+    """Why one mode's attempt met no request in flight, or None: in ``abort`` the server aborted
+    none; in ``keep`` it held none while paused; in ``wait`` (and without the server's counts) no
+    stream was still open when ``/pause`` was called."""
+    mode, n = str(ev["mode"]), len(ev["requests"])
+    f = engine_facts(ev)
+    if f is not None and mode == "abort" and not f["finished"].get("abort"):
+        return f"the server aborted none of the {n} requests: it had finished them before the pause"
+    if f is not None and mode == "keep" and not f["held_while_paused"]:
+        return f"the server held none of the {n} requests while paused: it had finished them"
+    if not in_flight(ev) or (f is not None and mode == "wait" and not f["running_at_pause"]):
+        return "no request was still in flight when /pause was called"
+    return None
+
+
+def _engine_problem(mode: str, ev: Mapping[str, Any], f: Mapping[str, Any]) -> str | None:
+    """Where the server's counts say which requests the pause met: what the requests did against
+    them (each request is then held to its mode's promise, or to a finished one's)."""
+    reqs = ev["requests"]
+    late = [r for r in reqs if r.get("finish_reason") in FINISHED and r in in_flight(ev)]
+    if mode == "abort":
+        aborted = int(f["finished"].get("abort", 0))
+        said = [r for r in reqs if r.get("finish_reason") == "abort"]
+        if len(said) != aborted:
+            who = late[0] if late else next((r for r in reqs if r not in said), reqs[0])
+            n, most = len(who.get("token_ids") or ()), ev["max_tokens"]
+            return (
+                f"the server aborted {aborted} requests, {len(said)} came back saying so: request "
+                f"{who['id']} returned as finished ({who.get('finish_reason')!r}, {n}/{most} tokens)"
+            )
+    if mode == "keep":
+        new = str(ev["version"])
+        resumed = [r for r in reqs if _by_version(r).get(new)]
+        held = int(f["held_while_paused"])
+        if len(resumed) < held:
+            who = next((r for r in late if r not in resumed), next(r for r in reqs if r not in resumed))
+            return (
+                f"the server held {held} requests while paused, {len(resumed)} resumed on the new version: "
+                f"request {who['id']} has every token credited to {ev['version_before']!r}"
+            )
+    if mode == "wait" and f["finished"].get("abort"):
+        return f"the server aborted {f['finished']['abort']} requests: wait must drain them"
+    return None
+
+
+def met(ev: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The requests the pause met: by the server's word where its counts are in the evidence (abort:
+    those that say ``abort``; keep: those with tokens by the new version), else by the client's."""
+    f = engine_facts(ev)
+    mode = str(ev["mode"])
+    if f is not None and mode == "abort":
+        return [r for r in ev["requests"] if r.get("finish_reason") == "abort"]
+    if f is not None and mode == "keep":
+        return [r for r in ev["requests"] if _by_version(r).get(str(ev["version"]))]
+    return in_flight(ev)
 
 
 def _problem(mode: str, r: Mapping[str, Any], ev: Mapping[str, Any]) -> str | None:
@@ -157,11 +241,16 @@ def judge_pause(ev: Mapping[str, Any], scores: Mapping[str, Any] | None = None, 
     the check of the logprobs against the version labels, with ``tol`` on the old version's tokens."""
     mode = str(ev["mode"])
     case = f"pause-{mode}"
-    flying = in_flight(ev)
+    f = engine_facts(ev)
+    flying = met(ev)
     facts: dict[str, Any] = {
         "mode": mode,
         "versions": [ev.get("version_before"), ev.get("version"), ev.get("version_after")],
         "in_flight": len(flying),
+        "in_flight_by": "client" if f is None else "server",
+        "server": f,
+        "max_tokens": ev.get("max_tokens"),
+        "attempts": ev.get("attempts") or [],
         "requests": [
             {
                 "id": r["id"],
@@ -184,11 +273,27 @@ def judge_pause(ev: Mapping[str, Any], scores: Mapping[str, Any] | None = None, 
     if str(ev.get("version_after")) != str(ev["version"]):
         why = f"the server reports version {ev.get('version_after')!r} after the update to {ev['version']!r}"
         return Verdict(case, PAUSE, "fail", f"rl_pause FAIL ({mode}): {why}", evidence=facts)
-    if not flying:
-        why = "no request was still in flight when /pause was called: the mode was not exercised"
-        return Verdict(case, PAUSE, "fail", f"rl_pause FAIL ({mode}): {why}", evidence=facts)
-    for r in flying:
-        if (what := _problem(mode, r, ev)) is not None:
+    why = unexercised(ev)
+    if why is None and not flying:
+        why = "no request was in flight when /pause was called"
+    if why is not None:
+        tries = len(ev.get("attempts") or ()) + 1
+        why += f" ({tries} attempt{'s' if tries > 1 else ''}, the last with {ev.get('max_tokens')} tokens)"
+        return Verdict(case, PAUSE, "fail", f"rl_pause FAIL ({mode}): {why}: the mode was not exercised",
+                       evidence=facts)  # fmt: skip
+    if f is not None and (what := _engine_problem(mode, ev, f)) is not None:
+        return Verdict(case, PAUSE, "fail", f"rl_pause FAIL ({mode}): {what}", evidence=facts)
+    for r in ev["requests"]:
+        # a request the pause did not meet (the engine had finished it) must simply have finished
+        # on the old version; with only the client's view, such a request is not judged
+        if r in flying:
+            what = _problem(mode, r, ev)
+        elif f is not None:
+            what = _problem("wait", r, ev)
+            what = what and f"(finished before the pause) {what}"
+        else:
+            what = None
+        if what is not None:
             return Verdict(
                 case, PAUSE, "fail", f"rl_pause FAIL ({mode}): request {r['id']} {what}", evidence=facts
             )
@@ -211,7 +316,7 @@ def judge_pause(ev: Mapping[str, Any], scores: Mapping[str, Any] | None = None, 
 def _planted(ev: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Planted copies of one mode's evidence, each breaking what the mode promises."""
     mode = str(ev["mode"])
-    flying = {r["id"] for r in in_flight(ev)}
+    flying = {r["id"] for r in met(ev)}
     if not flying:
         return []
     rid = next(r["id"] for r in ev["requests"] if r["id"] in flying)
@@ -288,25 +393,29 @@ def pause_controls(
 
 
 def pause_plan(
-    steps: Sequence[Mapping[str, Any]], modes: Sequence[str], max_tokens: int, folders: Sequence[str]
-) -> list[dict[str, Any]]:
-    """The pause phase after the last step: per mode, an update that moves the weights (the
-    step before the last's and the last's in turn, so that every update changes them), versions
-    after the steps', the last step's prompts and seeds, ``max_tokens`` each."""
+    steps: Sequence[Mapping[str, Any]],
+    modes: Sequence[str],
+    max_tokens: int,
+    folders: Sequence[str],
+    max_len: int,
+) -> dict[str, Any]:
+    """The pause phase after the last step (:func:`harness.engines.vllm.rl_pause.pause_phase`): per
+    mode the last step's prompts with fresh seeds; every update moves the engine between the step
+    before the last and the last (it holds the last), so every update changes the weights; versions
+    after the steps'; ``max_tokens`` each, doubled where a mode met no request in flight, up to what
+    ``max_len`` leaves after the longest prompt."""
     last = len(steps) - 1
-    prev_step = last
-    out = []
-    for i, mode in enumerate(modes):
-        to = last - 1 if i % 2 == 0 else last
-        rolls = steps[last]["rollouts"]
-        out.append(
+    rolls = steps[last]["rollouts"]
+    longest = max(len(r["prompt_ids"]) for r in rolls)
+    return {
+        "weights": {str(last - 1): folders[last - 1], str(last): folders[last]},
+        "at": last,
+        "first_version": len(steps),
+        "max_tokens": int(max_tokens),
+        "max_tokens_cap": max(int(max_tokens), int(max_len) - longest),
+        "modes": [
             {
                 "mode": mode,
-                "version": str(len(steps) + i),
-                "from_step": prev_step,
-                "to_step": to,
-                "max_tokens": max_tokens,
-                "update": {"path": folders[to], "names": None},
                 "rollouts": [
                     {
                         "id": f"p{i}-{mode}-{r['id'].rpartition('-')[2]}",
@@ -316,6 +425,6 @@ def pause_plan(
                     for r in rolls
                 ],
             }
-        )
-        prev_step = to
-    return out
+            for i, mode in enumerate(modes)
+        ],
+    }

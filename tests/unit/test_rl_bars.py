@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.kinds.rl import judge as jd
-from harness.kinds.rl.calibrate import MARGIN, calibrated_bars, distance, draw_figures, toml_table
+from harness.kinds.rl.calibrate import MARGIN, calibrated_bars, distance, draw_figures, figure, toml_table
 from harness.kinds.rl.settings import BAR_KEYS, parse, verdict_names
 from harness.suites import SuiteError, load_suite
 from harness.tomlcheck import load_toml
@@ -82,7 +82,7 @@ def test_the_rule_is_the_margin_over_the_worst_draw_rounded_up() -> None:
          "mean_abs_delta": 2.9e-2},
         {"token_mult_prob_error": 1.020, "gen_kl_error": 1.31e-3, "rollout_probs_diff_mean": 1.0e-2,
          "rollout_probs_diff_max": 0.06, "probs_pearson": 0.9981, "k3_kl": 1.3e-3, "frac_over_ln2": 0.01,
-         "mean_abs_delta": 2.5e-2},
+         "mean_abs_delta": 2.5e-2, "tokens": 95, "support_mismatch": 1},
         {"token_mult_prob_error": 1.025, "gen_kl_error": 1.0e-3, "rollout_probs_diff_mean": 1.1e-2,
          "rollout_probs_diff_max": 0.04, "probs_pearson": 0.9990, "k3_kl": 1.0e-3, "frac_over_ln2": 0.0,
          "mean_abs_delta": 2.7e-2},
@@ -93,8 +93,9 @@ def test_the_rule_is_the_margin_over_the_worst_draw_rounded_up() -> None:
     assert bars["gen_kl_error"] == pytest.approx(4.0e-3)  # 3 x 1.31e-3 = 3.93e-3, rounded up
     assert bars["probs_pearson"] == pytest.approx(1 - 7.2e-3)  # 3 x (1 - 0.9976)
     assert bars["frac_over_ln2"] == pytest.approx(0.03)
+    assert bars["frac_masked"] == pytest.approx(0.032)  # 3 x 1/96, from a draw's counts
     for key in BAR_KEYS:  # every draw is under its bar, by at least the margin less the rounding
-        worst = max(distance(key, d[key]) for d in draws)
+        worst = max(distance(key, figure(d, key)) for d in draws)
         assert distance(key, bars[key]) >= MARGIN * worst * (1 - 1e-12)
         assert distance(key, bars[key]) <= MARGIN * worst * 1.1 + 1e-15
     with pytest.raises(ValueError, match="at least 3"):
@@ -153,3 +154,27 @@ def test_the_committed_bf16_bars_follow_the_rule_from_their_calibration_records(
         name, want, draws = bars_from_record(json.loads(found[-1].read_text()))
         assert name == model and len(draws) >= 3
         assert bars == pytest.approx(want), model
+
+
+def test_a_token_at_the_top_p_edge_is_judged_by_frac_masked_where_the_suite_bars_it() -> None:
+    """In bfloat16 the nucleus's edge can fall on either side of a sampled token: one side gives it
+    -inf. Without a frac_masked bar (the float32 lane) one such token fails the step; with one, the
+    share is judged against it."""
+    from dataclasses import replace
+
+    from harness.kinds.rl.settings import RLSettings
+
+    r = [np.log(np.full(95, 0.5))]
+    t = [np.log(np.full(95, 0.5))]
+    r[0][3] = np.log(0.01)
+    t[0][3] = -np.inf  # the trainer's top-p mask excludes it
+    m = jd.metrics(r, t)
+    assert m["support_mismatch"] == 1 and m["tokens"] == 94 and m["frac_masked"] == pytest.approx(1 / 95)
+    base = RLSettings(steps=("checkpoint",))
+    plain = replace(base, bars={"mean_abs_delta": 1e-4})
+    v = jd.judge_step(0, "checkpoint", m, plain)
+    assert v.status == "fail" and "1 tokens one side gives -inf" in v.summary
+    v = jd.judge_step(0, "checkpoint", m, replace(base, bars={"mean_abs_delta": 1e-4, "frac_masked": 0.032}))
+    assert v.status == "pass", v.summary
+    v = jd.judge_step(0, "checkpoint", m, replace(base, bars={"mean_abs_delta": 1e-4, "frac_masked": 0.0}))
+    assert v.status == "fail" and "frac_masked 0.01053 > bar 0" in v.summary

@@ -30,6 +30,14 @@ def distance(key: str, value: float) -> float:
     return abs(float(value) - PERFECT.get(key, 0.0))
 
 
+def figure(draw: Mapping[str, float], key: str) -> float:
+    """One figure of a draw; ``frac_masked`` from its counts where the draw predates the figure."""
+    if key == "frac_masked" and key not in draw:
+        bad = float(draw.get("support_mismatch", 0))
+        return bad / (float(draw.get("tokens", 0)) + bad) if bad else 0.0
+    return float(draw[key])
+
+
 def _ceil2(x: float) -> float:
     """``x`` rounded up to two significant digits (0 stays 0)."""
     if x <= 0:
@@ -57,7 +65,7 @@ def calibrated_bars(draws: Sequence[Mapping[str, float]], margin: float = MARGIN
         raise ValueError(f"{len(draws)} step-0 draws; the rule needs at least {MIN_DRAWS}")
     out = {}
     for key in BAR_KEYS:
-        worst = max(distance(key, d[key]) for d in draws)
+        worst = max(distance(key, figure(d, key)) for d in draws)
         d = _ceil2(margin * worst)
         out[key] = 1.0 - d if key == "probs_pearson" else PERFECT.get(key, 0.0) + d
     return out
@@ -94,6 +102,6 @@ def toml_table(
     head = f"{margin:g} x the worst of {len(draws)} step-0 draws, {source}"
     lines = [f'[rl_sync.model_bars."{model}"]    # {head}']
     for key, bar in bars.items():
-        seen = ", ".join(f"{d[key]:.4g}" for d in draws)
+        seen = ", ".join(f"{figure(d, key):.4g}" for d in draws)
         lines.append(f"{key} = {bar:.6g}    # draws: {seen}")
     return "\n".join(lines)

@@ -15,6 +15,9 @@ probs_pearson              Pearson correlation of exp(t) and exp(r)     verl
 k3_kl                      mean (exp(-Δ) - 1 + Δ): k3, log ratio r - t  AReaL
 frac_over_ln2              share of tokens with |Δ| > ln 2              AReaL
 mean_abs_delta             mean |Δ| (the main figure: separations)      —
+frac_masked                share of sampled tokens one side gives -inf  —
+                           (its top-p mask drew the nucleus's edge
+                           elsewhere); left out of every figure above
 =========================  ===========================================  ==========================
 
 Pure functions of numbers (no engine, no torch): the unit tests drive them directly.
@@ -51,7 +54,7 @@ def metrics(rollout: Sequence[np.ndarray], trainer: Sequence[np.ndarray]) -> dic
     r = np.concatenate([p[0] for p in pairs]) if pairs else np.zeros(0)
     t = np.concatenate([p[1] for p in pairs]) if pairs else np.zeros(0)
     if not r.size:
-        return {"tokens": 0, "support_mismatch": bad}
+        return {"tokens": 0, "support_mismatch": bad, "frac_masked": 1.0 if bad else 0.0}
     d = t - r
     pr, pt = np.exp(r), np.exp(t)
     pear = float(np.corrcoef(pr, pt)[0, 1]) if r.size > 1 and pr.std() > 0 and pt.std() > 0 else 1.0
@@ -67,6 +70,7 @@ def metrics(rollout: Sequence[np.ndarray], trainer: Sequence[np.ndarray]) -> dic
         "frac_over_ln2": float((np.abs(d) > LN2).mean()),
         "mean_abs_delta": float(np.abs(d).mean()),
         "max_abs_delta": float(np.abs(d).max()),
+        "frac_masked": bad / (r.size + bad),
     }
 
 
@@ -97,7 +101,7 @@ def judge_step(step: int, kind: str, m: Mapping[str, float], s: RLSettings) -> V
             case, SYNC, "error", f"step {step} ({kind}): no sampled token to judge", evidence=dict(m)
         )
     over = over_bars(m, s.bars)
-    if m.get("support_mismatch"):
+    if m.get("support_mismatch") and "frac_masked" not in s.bars:
         over.append(f"{m['support_mismatch']} tokens one side gives -inf (a top-p mask drawn differently)")
     ev = {**m, "step_kind": kind, "bars": dict(s.bars)}
     if over:

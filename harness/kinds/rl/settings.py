@@ -39,8 +39,10 @@ BAR_KEYS: Mapping[str, tuple[float, float, str]] = {
     "k3_kl": (0.0, 100.0, "max"),
     "frac_over_ln2": (0.0, 1.0, "max"),
     "mean_abs_delta": (0.0, 100.0, "max"),
+    "frac_masked": (0.0, 1.0, "max"),
 }
-"""Per-step bars: the metric, its range, and whether the bar is a most (``max``) or a least (``min``)."""
+"""Per-step bars: the metric, its range, and whether the bar is a most (``max``) or a least (``min``).
+Without a ``frac_masked`` bar, any sampled token one side's top-p mask excludes fails the step."""
 
 
 @dataclass(frozen=True, slots=True)

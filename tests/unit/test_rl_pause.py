@@ -341,3 +341,30 @@ def test_with_scores_the_swapped_weights_control_bites(mode: str) -> None:
     cs = pause_controls([ev], {mode: _scores(ev)}, 1e-4)
     assert len(cs) == 4 and all(c.ok for c in cs), [(c.mutation, c.got, c.note) for c in cs]
     assert cs[-1].mutation.endswith("the tokens credited to the other version's weights")
+
+
+def test_the_pause_waits_for_the_servers_count_not_the_clients_first_token() -> None:
+    """The front end counts tokens before the client reads them: the pause goes as soon as the
+    server counts every request running and generating, even while no stream has delivered one."""
+    import threading
+
+    from harness.engines.vllm.rl_pause import _await_start
+
+    def body(running: int, tokens: int) -> str:
+        return (f'vllm:num_requests_running{{engine="0"}} {running}.0\n'
+                f'vllm:generation_tokens_total{{engine="0"}} {tokens}.0\n')  # fmt: skip
+
+    class Server:
+        def __init__(self) -> None:
+            self.reads = [body(0, 100), body(2, 100), body(4, 102), body(4, 104)]
+
+        def text(self, path: str) -> str:
+            return self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+
+    srv = Server()
+    before = {"generation_tokens": 100.0}
+    assert _await_start(srv, threading.Event(), 4, before) == "server"  # type: ignore[arg-type]
+    assert srv.reads == [body(4, 104)]  # it went at the first read showing all 4 and 4 tokens
+    seen = threading.Event()
+    seen.set()  # every stream has a token already: no need to ask the server
+    assert _await_start(Server(), seen, 4, before) == "client"  # type: ignore[arg-type]

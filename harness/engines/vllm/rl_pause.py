@@ -1,8 +1,9 @@
 """The pause phase over HTTP: an update with requests in flight, once per ``/pause`` mode of the
 pinned server (what each mode promises is judged in :mod:`harness.kinds.rl.pause`).
 
-The requests stream through ``/inference/v1/generate``; once every one has produced a token the
-server is paused in the mode, the weights are updated, the prefix cache reset, the server resumed.
+The requests stream through ``/inference/v1/generate``; once the server counts them all running
+(or every stream has delivered a token, whichever is seen first) the server is paused in the mode,
+the weights are updated, the prefix cache reset, the server resumed.
 What the client saw is only half the evidence: the server's front end, the client and the engine
 share the host's cores, and under load the engine can finish a request well before its tokens reach
 the client. The server's own counts (``/metrics``: requests running and waiting, tokens generated,
@@ -29,8 +30,8 @@ def pause_phase(http: Http, plan: Mapping[str, Any], sampling: Mapping[str, Any]
     """One update with requests in flight per ``/pause`` mode (:data:`PAUSE_MODES`). ``plan``:
     {"modes": [{"mode", "rollouts": [{"id", "prompt_ids", "seed"}]}], "weights": {step: path} (two
     steps: each update moves the engine to the one it does not hold), "at" (the step it holds),
-    "first_version", "max_tokens", "max_tokens_cap"}. The requests stream; once every one has
-    produced a token the server is paused in the mode, the update runs, the prefix cache is reset,
+    "first_version", "max_tokens", "max_tokens_cap"}. The requests stream; once they have started
+    (:func:`_await_start`) the server is paused in the mode, the update runs, the prefix cache is reset,
     the server resumes. Where ``unexercised`` says the mode did not meet a request in flight (the
     server had finished them before the pause took effect), the mode is tried again with twice the
     tokens, up to the cap; the tokens a mode needed carry over to the next. Each mode's last attempt
@@ -102,6 +103,21 @@ def _settled(http: Http, done: Callable[[dict[str, Any]], bool] = lambda _c: Tru
     return last
 
 
+def _await_start(http: Http, first: threading.Event, n: int, before: Mapping[str, Any]) -> str:
+    """Wait until the ``n`` requests have started, and say who saw it first: the server (its counts:
+    all ``n`` running or waiting, and at least ``n`` tokens generated since ``before``) or the client
+    (every stream has delivered a token). The server's front end counts a token before the client
+    reads it, and under load long before: a fast model can finish its requests while the client has
+    read a few hundred tokens of each."""
+    deadline = time.monotonic() + HTTP_TIMEOUT_S
+    while not first.is_set() and time.monotonic() < deadline:
+        c = engine_counts(http)
+        if c["running"] + c["waiting"] >= n and c["generation_tokens"] - before["generation_tokens"] >= n:
+            return "server"
+        first.wait(0.05)
+    return "client"
+
+
 def _one_pause(http: Http, m: Mapping[str, Any], sampling: Mapping[str, Any], model: str) -> dict[str, Any]:
     clock = time.perf_counter
     t_origin = clock()
@@ -149,7 +165,7 @@ def _one_pause(http: Http, m: Mapping[str, Any], sampling: Mapping[str, Any], mo
     threads = [threading.Thread(target=one, args=(r,)) for r in m["rollouts"]]
     for t in threads:
         t.start()
-    first.wait(HTTP_TIMEOUT_S)  # every request has streamed a token: pause at once
+    ev["paused_on"] = _await_start(http, first, len(m["rollouts"]), ev["engine_before"])
     for s in state.values():
         s["tokens_at_pause"] = len(s["token_ids"])
     ev["engine_at_pause"] = engine_counts(http)

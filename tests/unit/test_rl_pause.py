@@ -215,9 +215,10 @@ def test_requests_the_engine_finished_before_an_abort_are_not_aborted_requests()
 
 
 def test_an_abort_the_server_counted_must_come_back_as_one() -> None:
-    ev = _with_server(_ev("abort"), {"abort": 2.0}, at_pause=2.0, held=0.0)
+    ev = _with_server(_ev("abort"), {"abort": 2.0}, at_pause=2.0, held=0.0) | {"paused_on": "server"}
     v = judge_pause(ev)
     assert v.status == "pass" and v.evidence["in_flight"] == 2 and v.evidence["server"]["finished"] == {"abort": 2}
+    assert v.evidence["paused_on"] == "server"
     r = ev["requests"][1]
     r.update(finish_reason="length", token_ids=list(range(MAX)))
     v = judge_pause(ev)

@@ -250,6 +250,7 @@ def judge_pause(ev: Mapping[str, Any], scores: Mapping[str, Any] | None = None, 
         "in_flight_by": "client" if f is None else "server",
         "server": f,
         "max_tokens": ev.get("max_tokens"),
+        "paused_on": ev.get("paused_on"),
         "attempts": ev.get("attempts") or [],
         "requests": [
             {

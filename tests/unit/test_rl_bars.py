@@ -178,3 +178,19 @@ def test_a_token_at_the_top_p_edge_is_judged_by_frac_masked_where_the_suite_bars
     assert v.status == "pass", v.summary
     v = jd.judge_step(0, "checkpoint", m, replace(base, bars={"mean_abs_delta": 1e-4, "frac_masked": 0.0}))
     assert v.status == "fail" and "frac_masked 0.01053 > bar 0" in v.summary
+
+
+def test_the_planted_copy_moves_every_barred_figure_frac_masked_included() -> None:
+    """The step controls' planted copy must fail every figure the suite bars: a ±1 nat shift alone
+    leaves frac_masked at 0, so the copy also masks tokens."""
+    from dataclasses import replace
+
+    from harness.kinds.rl.controls import sync_controls
+    from harness.kinds.rl.settings import RLSettings
+
+    rng = np.random.default_rng(1)
+    rollout = [np.log(rng.uniform(0.05, 0.95, 24)) for _ in range(4)]
+    bars = {"mean_abs_delta": 0.2, "token_mult_prob_error": 1.21, "frac_masked": 0.032}
+    cs = sync_controls(rollout, replace(RLSettings(steps=("checkpoint",)), bars=bars))
+    assert all(c.ok for c in cs), [(c.comparator, c.mutation, c.got) for c in cs if not c.ok]
+    assert {c.comparator for c in cs} >= {"rl.frac_masked", "rl_sync"}

@@ -54,6 +54,10 @@ PLANTED: Mapping[str, str] = {
 OVER_BAR = 10.0
 
 
+MASK_EVERY = 8
+MOVED = f"trainer logprobs moved by ±1 nat, every {MASK_EVERY}th token masked"
+
+
 def _control(comparator: str, mutation: str, expect: str, v: Verdict) -> Control:
     ok = (v.status == "fail") if expect == "fail" else (v.status == "pass")
     return Control(comparator, mutation, expect, v.status, ok, v.summary[:300])  # type: ignore[arg-type]
@@ -61,15 +65,19 @@ def _control(comparator: str, mutation: str, expect: str, v: Verdict) -> Control
 
 def sync_controls(rollout: Sequence[np.ndarray], s: RLSettings) -> list[Control]:
     """The step judge and each figure's on the rollout against itself moved by ±1 nat per token
-    (alternating: a constant shift would leave the Pearson correlation at 1), and unmoved."""
+    (alternating: a constant shift would leave the Pearson correlation at 1) with every
+    :data:`MASK_EVERY`-th token given -inf (a top-p mask drawn elsewhere: what ``frac_masked``
+    measures, which no shift moves), and unmoved."""
     moved = []
     for r in rollout:
         r = np.asarray(r, np.float64)
-        moved.append(r + np.where(np.arange(len(r)) % 2 == 0, -1.0, 1.0))
+        m = r + np.where(np.arange(len(r)) % 2 == 0, -1.0, 1.0)
+        m[MASK_EVERY - 1 :: MASK_EVERY] = -np.inf
+        moved.append(m)
     m_moved = metrics(rollout, moved)
     m_copy = metrics(rollout, [np.asarray(r, np.float64) for r in rollout])
     out = [
-        _control(SYNC, "trainer logprobs moved by ±1 nat", "fail", judge_step(0, "planted", m_moved, s)),
+        _control(SYNC, MOVED, "fail", judge_step(0, "planted", m_moved, s)),
         _control(SYNC, "trainer equals rollout", "pass", judge_step(0, "planted", m_copy, s)),
     ]
     pairs = zip(
@@ -77,7 +85,7 @@ def sync_controls(rollout: Sequence[np.ndarray], s: RLSettings) -> list[Control]
     )
     for bad, good in pairs:
         out += [
-            _control(bad.comparator, "trainer logprobs moved by ±1 nat", "fail", bad),
+            _control(bad.comparator, MOVED, "fail", bad),
             _control(good.comparator, "trainer equals rollout", "pass", good),
         ]
     return out

@@ -53,8 +53,7 @@ CONTROLS = {
 
 def plant(worker: Any, control: str) -> str:
     """Runs in the engine's worker process (``collective_rpc``): wrap vLLM's ``rejection_sample``
-    with the planted fault ``control``. The original runs first; the fault rewrites its output."""
-    import torch
+    with the planted fault ``control``. The original runs first; :func:`rewrite` changes its output."""
     from vllm.v1.sample import rejection_sampler as rs
 
     original = rs.rejection_sample
@@ -83,34 +82,72 @@ def plant(worker: Any, control: str) -> str:
             *args,
             **kwargs,
         )
-        start = 0
-        greedy = sampling_metadata.all_greedy
-        for i, d in enumerate(num_draft_tokens):
-            end = start + d
-            if d > 0:
-                drafts = draft_token_ids[start:end]
-                row = out[i, : d + 1]
-                if control == "accept_all":
-                    row[:d] = drafts
-                    row[d] = bonus_token_ids[i].reshape(())
-                elif control == "draft_dist":
-                    # where the residual max(0, p - q) is due after a rejection, the draft's q is
-                    # drawn from (for an n-gram draft: its one token)
-                    for j in range(d):
-                        if int(row[j]) != int(drafts[j]):
-                            if draft_probs is None:
-                                row[j] = drafts[j]
-                            else:
-                                row[j] = torch.multinomial(draft_probs[start + j].float(), 1)[0]
-                            break
-                elif control == "bonus_shift" and int(row[d]) >= 0 and bool((row[:d] == drafts).all()):
-                    logits = target_logits[end - 1].float()
-                    row[d] = logits.argmax() if greedy else torch.multinomial(torch.softmax(logits, -1), 1)[0]
-            start = end
+        rewrite(
+            control,
+            out,
+            draft_token_ids,
+            num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            bool(sampling_metadata.all_greedy),
+        )
         return out
 
     rs.rejection_sample = planted
     return control
+
+
+def rewrite(
+    control: str,
+    out: Any,
+    draft_token_ids: Any,
+    num_draft_tokens: list[int],
+    draft_probs: Any,
+    target_logits: Any,
+    bonus_token_ids: Any,
+    greedy: bool,
+) -> None:
+    """The planted fault ``control`` applied in place to ``out``, the rejection sampler's
+    ``[batch, max_spec_len + 1]`` tokens (``-1`` past a row's last one).
+
+    Only a request's real drafts are touched: vLLM schedules a request whose prompt is cached up to
+    its last token with placeholder drafts (``-1``), which its kernels always reject; a fault that
+    "accepted" one would leave the row without a token, and the scheduler never advances such a
+    request (the engine waits on it for ever). So every row keeps at least one token."""
+    import torch
+
+    start = 0
+    for i, d in enumerate(num_draft_tokens):
+        end = start + d
+        drafts = draft_token_ids[start:end]
+        real = int((drafts >= 0).cumprod(0).sum()) if d else 0  # leading real drafts
+        row = out[i, : d + 1]
+        if real and control == "accept_all":
+            row[:real] = drafts[:real]
+            if real == d:
+                row[d] = bonus_token_ids[i].reshape(())
+            else:  # the target's token after the last real draft, where vLLM's bonus is not due
+                logits = target_logits[start + real].float()
+                row[real] = logits.argmax() if greedy else _draw(torch.softmax(logits, -1))
+                row[real + 1 :] = -1
+        elif real and control == "draft_dist":
+            # where the residual max(0, p - q) is due after a rejection, the draft's q is drawn
+            # from (for an n-gram draft: its one token)
+            for j in range(real):
+                if int(row[j]) != int(drafts[j]):
+                    row[j] = drafts[j] if draft_probs is None else _draw(draft_probs[start + j].float())
+                    break
+        elif real == d > 0 and control == "bonus_shift" and bool((row[:d] == drafts).all()):
+            logits = target_logits[end - 1].float()
+            row[d] = logits.argmax() if greedy else _draw(torch.softmax(logits, -1))
+        start = end
+
+
+def _draw(probs: Any) -> Any:
+    import torch
+
+    return torch.multinomial(probs, 1)[0]
 
 
 def _greedy(llm: Any, sp: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:

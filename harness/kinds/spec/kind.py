@@ -47,9 +47,9 @@ class Prepared:
     run_dir: Path
     control: str | None
     draw_cap: int | None = None
+    """``DRAWS=``: the run's cap below the suite's ``max_draws`` (None: the suite's)."""
     repair: str | None = None
     """``vllm:repair=NAME``: a located engine defect put right in the worker (``REPAIRS``)."""
-    """``DRAWS=``: the run's cap below the suite's ``max_draws`` (None: the suite's)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
